@@ -1,0 +1,18 @@
+"""Custom ops (namespace `lmf`) and their backends."""
+
+from .backends import Backend, register_backend, select_backend
+from .library import latent_tail, moe_shared_producer, routed_experts
+from .mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from .validation import LmfInputError
+
+__all__ = [
+    "Backend",
+    "LmfInputError",
+    "dequantize_mxfp4",
+    "latent_tail",
+    "moe_shared_producer",
+    "quantize_mxfp4",
+    "register_backend",
+    "routed_experts",
+    "select_backend",
+]

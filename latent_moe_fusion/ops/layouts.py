@@ -1,0 +1,91 @@
+"""Shared-fragment layouts (DESIGN.md section 2) and the cross-rank movement that fills them.
+
+On rank q of R:
+  local          (R = 1)    ws [1, M, H]
+  hidden_scatter (TP)       ws [R, M, H/R],  ws[r]    = s_partial_of_rank_r[:, q*H/R:(q+1)*H/R]
+  token_publish  (SP)       ws [M, R, H],    ws[t, r] = s_partial_of_rank_r[q*M + t, :]
+Movement here is plain torch.distributed on the named group; it is the reference that faster
+(symmetric-memory) paths must match bitwise.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+MODES = ("local", "hidden_scatter", "token_publish")
+
+
+def resolve_group(group_name: str | None) -> dist.ProcessGroup | None:
+    """The process group registered under `group_name`, or None for a single rank."""
+    if group_name is None:
+        return None
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            f"group_name={group_name!r} was given but torch.distributed is not initialized: "
+            "call torch.distributed.init_process_group first, or pass group_name=None for R = 1"
+        )
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    try:
+        return _resolve_process_group(group_name)
+    except Exception as exc:  # the c10d error does not name the argument
+        raise ValueError(
+            f"group_name={group_name!r} names no process group; pass group.group_name of a live group"
+        ) from exc
+
+
+def group_size(group_name: str | None) -> int:
+    group = resolve_group(group_name)
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def group_rank(group_name: str | None) -> int:
+    group = resolve_group(group_name)
+    return 0 if group is None else dist.get_rank(group)
+
+
+def fragment_shape(mode: str, m_out: int, hidden: int, world: int) -> tuple[int, int, int]:
+    """Shape of ws on one rank. m_out: tokens of the tail's output on this rank."""
+    if mode == "local":
+        return (1, m_out, hidden)
+    if mode == "hidden_scatter":
+        return (world, m_out, hidden // world)
+    if mode == "token_publish":
+        return (m_out, world, hidden)
+    raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+
+def publish_fragments(s_partial: torch.Tensor, mode: str, group_name: str | None) -> torch.Tensor:
+    """Move this rank's partial shared output [M_s, H] into the owners' fragment layout."""
+    world = group_size(group_name)
+    if world == 1:
+        return s_partial.unsqueeze(1 if mode == "token_publish" else 0).contiguous()
+    group = resolve_group(group_name)
+    m_s, hidden = s_partial.shape
+    if mode == "hidden_scatter":
+        send = s_partial.reshape(m_s, world, hidden // world).transpose(0, 1).contiguous()
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=group)
+        return recv
+    # token_publish: chunk q of the rank-major tokens goes to rank q.
+    send = s_partial.reshape(world, m_s // world, hidden).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return recv.transpose(0, 1).contiguous()
+
+
+def fragments_as_rmn(ws: torch.Tensor, mode: str) -> torch.Tensor:
+    """A [R, M, N] view of ws (no copy), the order in which fragments are summed."""
+    return ws.transpose(0, 1) if mode == "token_publish" else ws
+
+
+def gather_columns(out_slice: torch.Tensor, group_name: str | None) -> torch.Tensor:
+    """All-gather column slices [M, H/R] of every rank into [M, H] (rank-major columns)."""
+    world = group_size(group_name)
+    if world == 1:
+        return out_slice
+    group = resolve_group(group_name)
+    parts = [torch.empty_like(out_slice) for _ in range(world)]
+    dist.all_gather(parts, out_slice.contiguous(), group=group)
+    return torch.cat(parts, dim=1)

@@ -1,0 +1,121 @@
+"""torch.library registration of the lmf ops: schema, fake (meta) impl, backend dispatch.
+
+All three ops are functional (return outputs, mutate nothing). The real impl validates the
+arguments, picks a backend (see backends.py) and runs it; the fake impl validates and returns
+empty tensors of the right shape so that torch.compile catches bad arguments at trace time.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference, triton_kernels  # noqa: F401  (importing registers the backends)
+from .backends import select_backend
+from .layouts import fragment_shape
+from .validation import (
+    check_mode_and_group,
+    check_positive,
+    check_shape,
+    check_tensor,
+    validate_producer_layout,
+    validate_routed,
+    validate_shared,
+    validate_tail,
+)
+
+
+def _validate_producer(
+    z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
+    rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group_name,
+) -> tuple[int, int, int]:
+    op = "moe_shared_producer"
+    validate_routed(op, z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta)
+    check_tensor(op, "rms_weight", rms_weight, ndim=1, dtypes=(z.dtype, torch.float32), device=z.device)
+    check_shape(op, "rms_weight", rms_weight, (z.shape[1],), "[L] with L = z.shape[1]")
+    check_positive(op, "eps", eps)
+    hidden = validate_shared(op, x_s, w1_s, w3_s, w2_s, z.dtype, z.device)
+    world = check_mode_and_group(op, mode, group_name)
+    validate_producer_layout(op, z.shape[0], x_s, mode, world, group_name)
+    return z.shape[0], hidden, world
+
+
+@torch.library.custom_op("lmf::routed_experts", mutates_args=())
+def routed_experts(
+    z: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+    weight_format: str,
+    beta: float,
+    lin_beta: float,
+) -> torch.Tensor:
+    """Routed experts in the latent space: y [M, L] in z.dtype (DESIGN.md section 2)."""
+    args = (z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta)
+    validate_routed("routed_experts", *args)
+    return select_backend("routed_experts", z.device.type, *args).fn(*args)
+
+
+@routed_experts.register_fake
+def _routed_experts_fake(z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta):
+    validate_routed("routed_experts", z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta)
+    return z.new_empty(z.shape)
+
+
+@torch.library.custom_op("lmf::moe_shared_producer", mutates_args=())
+def moe_shared_producer(
+    z: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+    weight_format: str,
+    beta: float,
+    lin_beta: float,
+    rms_weight: torch.Tensor,
+    eps: float,
+    x_s: torch.Tensor,
+    w1_s: torch.Tensor,
+    w3_s: torch.Tensor,
+    w2_s: torch.Tensor,
+    mode: str,
+    group_name: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y_n [M, L], ws): normalised routed output and this rank's shared fragments in `mode`'s layout."""
+    args = (z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
+            rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group_name)
+    _validate_producer(*args)
+    return select_backend("moe_shared_producer", z.device.type, *args).fn(*args)
+
+
+@moe_shared_producer.register_fake
+def _moe_shared_producer_fake(
+    z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
+    rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group_name=None,
+):
+    m, hidden, world = _validate_producer(
+        z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
+        rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group_name,
+    )
+    return z.new_empty(z.shape), x_s.new_empty(fragment_shape(mode, m, hidden, world))
+
+
+@torch.library.custom_op("lmf::latent_tail", mutates_args=())
+def latent_tail(
+    y_n: torch.Tensor, w_up: torch.Tensor, ws: torch.Tensor, mode: str, group_name: str | None = None
+) -> torch.Tensor:
+    """out [M, H] = round(fp32(y_n @ w_up^T) + sum_r fp32(fragment r)); hidden_scatter all-gathers."""
+    validate_tail("latent_tail", y_n, w_up, ws, mode, group_name)
+    return select_backend("latent_tail", y_n.device.type, y_n, w_up, ws, mode, group_name).fn(
+        y_n, w_up, ws, mode, group_name
+    )
+
+
+@latent_tail.register_fake
+def _latent_tail_fake(y_n, w_up, ws, mode, group_name=None):
+    validate_tail("latent_tail", y_n, w_up, ws, mode, group_name)
+    return y_n.new_empty((y_n.shape[0], w_up.shape[0]))

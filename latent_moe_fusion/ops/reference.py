@@ -1,0 +1,36 @@
+"""Reference backends of the three ops: pure PyTorch, any device, the semantics of DESIGN.md."""
+
+from __future__ import annotations
+
+import torch
+
+from .backends import Backend, register_backend
+from .layouts import fragments_as_rmn, gather_columns, group_rank, group_size, publish_fragments
+from .math import rms_norm_math, routed_experts_math, shared_expert_math, tail_math
+
+ANY_DEVICE = ("cpu", "cuda", "meta")
+
+
+def producer_reference(
+    z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
+    rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group_name,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    y = routed_experts_math(z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta)
+    y_n = rms_norm_math(y, rms_weight, eps)
+    s_partial = shared_expert_math(x_s, w1_s, w3_s, w2_s, beta, lin_beta)
+    return y_n, publish_fragments(s_partial, mode, group_name)
+
+
+def tail_reference(y_n, w_up, ws, mode, group_name) -> torch.Tensor:
+    if mode == "hidden_scatter":
+        world = group_size(group_name)
+        cols = w_up.shape[0] // world
+        q = group_rank(group_name)
+        out_slice = tail_math(y_n, w_up[q * cols : (q + 1) * cols], ws)
+        return gather_columns(out_slice, group_name)
+    return tail_math(y_n, w_up, fragments_as_rmn(ws, mode))
+
+
+register_backend(Backend("routed_experts", "reference", 100, ANY_DEVICE, routed_experts_math))
+register_backend(Backend("moe_shared_producer", "reference", 100, ANY_DEVICE, producer_reference))
+register_backend(Backend("latent_tail", "reference", 100, ANY_DEVICE, tail_reference))
