@@ -1,0 +1,31 @@
+"""Shared fixtures. Without CUDA, Triton kernels run in the interpreter (TRITON_INTERPRET=1)."""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    # Must be set before any Triton kernel module is imported.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import latent_moe_fusion  # noqa: E402,F401  (registers torch.ops.lmf.*)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def rng_seed(request) -> int:
+    """A fresh seed per test run (logged so a failure can be replayed)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(seed)
+    print(f"seed={seed}")
+    return seed
