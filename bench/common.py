@@ -1,0 +1,143 @@
+"""Shared benchmark plumbing: environment record, measured ceilings, timing, result files.
+
+Every benchmark states the device, versions, shape and the floor of each number: bytes moved once
+over the measured copy bandwidth, FLOPs over the measured BF16 matmul rate (DESIGN.md section 4).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+L2_FLUSH_BYTES = 256 * 1024 * 1024  # rotate inputs over more than the 50 MB L2
+
+
+def environment() -> dict[str, Any]:
+    import triton
+
+    info: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(
+            device=props.name,
+            sm_count=props.multi_processor_count,
+            capability=f"{props.major}.{props.minor}",
+            cuda=torch.version.cuda,
+        )
+    else:
+        info["device"] = "cpu"
+    return info
+
+
+def time_ms(fn: Callable[[], Any], warmup: int = 10, iters: int = 50) -> float:
+    """Median milliseconds of fn() with CUDA events around each call (warm, not graph-captured)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def time_graph_ms(step: Callable[[int], Any], num_sets: int, replays: int = 20, warmup: int = 3) -> float:
+    """Median ms per call of step(i) over rotating input sets i, replayed from one CUDA graph.
+
+    The graph holds one call per input set (so consecutive calls read different, L2-cold data);
+    the figure is the graph's replay time divided by num_sets.
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(num_sets):  # compile / autotune outside capture
+            step(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(num_sets):
+            step(i)
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / num_sets)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def sets_to_flush_l2(bytes_per_set: int, minimum: int = 2, maximum: int = 64) -> int:
+    return max(minimum, min(maximum, -(-L2_FLUSH_BYTES // max(bytes_per_set, 1))))
+
+
+def measure_ceilings() -> dict[str, float]:
+    """Measured copy bandwidth (bytes read + written per s) and BF16 matmul rate (FLOP/s)."""
+    n = 1 << 30
+    src = torch.randn(n // 2, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), warmup=5, iters=20)
+    copy_bw = 2 * src.numel() * src.element_size() / (ms * 1e-3)
+    k = 8192
+    a = torch.randn(k, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, k, device="cuda", dtype=torch.bfloat16)
+    ms = time_ms(lambda: a @ b, warmup=5, iters=20)
+    return {"copy_bytes_per_s": copy_bw, "bf16_flop_per_s": 2 * k**3 / (ms * 1e-3)}
+
+
+def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out64, ref64 = out.double(), ref.double()
+    return float((out64 - ref64).norm() / ref64.norm().clamp_min(1e-300))
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_results(
+    name: str,
+    rows: Sequence[dict[str, Any]],
+    columns: Sequence[str],
+    meta: dict[str, Any],
+    out_dir: Path | str = RESULTS_DIR,
+    notes: str = "",
+) -> tuple[Path, Path]:
+    """Write <name>.json (meta + rows) and <name>.md (meta header + table) into out_dir."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"{name}.json"
+    md_path = out_dir / f"{name}.md"
+    json_path.write_text(json.dumps({"meta": meta, "rows": list(rows)}, indent=2, default=str) + "\n")
+    header = "\n".join(f"- {k}: {v}" for k, v in meta.items())
+    md_path.write_text(f"# {name}\n\n{header}\n\n{markdown_table(rows, columns)}\n" + (f"\n{notes}\n" if notes else ""))
+    return json_path, md_path
