@@ -1,0 +1,124 @@
+"""End-to-end Kimi K3 block on one H200 (issue 6): eager vs compiled vs compiled + fused.
+
+One rank of Kimi K3 at TP8/EP8: 112 local MXFP4 experts of 896 (ids of other ranks' experts
+become -1), top-16, shared expert 768 wide (TP8's shard), R = 1 (no cross-rank traffic: this
+measures one rank's compute). Decode sizes run inside CUDA graphs with rotating inputs; prefill
+(M = 4096) runs without. The floor is the bytes the block must read once (router, down and up
+projections, shared weights, the experts actually hit, activations) over the measured copy
+bandwidth, or its FLOPs over the measured BF16 rate, whichever is larger.
+
+    PYTHONPATH=. python3 bench/block.py --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import latent_moe_fusion as lmf  # noqa: E402
+from bench.common import environment, measure_ceilings, rel_l2, time_graph_ms, time_ms, write_results  # noqa: E402
+from latent_moe_fusion.model.router import localize_ids, route  # noqa: E402
+
+DECODE_M = (1, 8, 32, 128)
+PREFILL_M = (4096,)
+
+
+def block_bytes_and_flops(block: lmf.KimiK3MoEBlock, x: torch.Tensor) -> tuple[float, float]:
+    cfg = block.cfg
+    m, h = x.shape
+    ids, _ = route(x, block.gate_weight, block.correction_bias, cfg.top_k, cfg.routed_scaling_factor)
+    ids = localize_ids(ids, block.first_expert, block.num_local_experts)
+    hit = torch.unique(ids[ids >= 0]).numel()
+    assignments = int((ids >= 0).sum())
+    per_expert = sum(t[0].numel() * t.element_size() for t in (block.w13, block.w2))
+    if block.w13_scale is not None:
+        per_expert += sum(t[0].numel() for t in (block.w13_scale, block.w2_scale))
+    dense = sum(
+        p.numel() * p.element_size()
+        for name, p in block.named_parameters()
+        if not name.startswith(("w13", "w2"))
+    )
+    act_bytes = 2 * x.numel() * x.element_size()  # x in, out
+    total_bytes = hit * per_expert + dense + act_bytes
+    lat, inter, i_s, e = cfg.latent_size, cfg.moe_intermediate_size, block.shared_w2.shape[1], cfg.num_experts
+    flops = 2 * m * (h * e + h * lat + lat * h + 3 * h * i_s) + 2 * assignments * 3 * inter * lat
+    return float(total_bytes), float(flops)
+
+
+def compiled(block, fused: bool):
+    fpass = lmf.LatentMoEFusionPass() if fused else None
+    options = {"post_grad_custom_pre_pass": fpass} if fused else {}
+    return torch.compile(block, options=options, dynamic=False), fpass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--m", type=int, nargs="*", default=list(DECODE_M + PREFILL_M))
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    ceilings = measure_ceilings()
+    cfg = lmf.KimiK3MoEConfig().replace(shared_intermediate_size=768)
+    block = lmf.KimiK3MoEBlock(cfg, weight_format="mxfp4", dtype=torch.bfloat16, device="cuda", seed=0, ep_size=8, ep_rank=0)
+    variants = {"eager": (block, None), "compiled": compiled(block, False), "compiled+fused": compiled(block, True)}
+    rows = []
+    for m in args.m:
+        num_sets = 4 if m <= 128 else 2
+        xs = [torch.randn(m, cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in range(num_sets)]
+        nbytes, flops = block_bytes_and_flops(block, xs[0])
+        floor_us = max(nbytes / ceilings["copy_bytes_per_s"], flops / ceilings["bf16_flop_per_s"]) * 1e6
+        ref = block(xs[0])
+        row = {"M": m, "floor_us": floor_us, "bytes_MB": nbytes / 1e6, "GFLOP": flops / 1e9}
+        for name, (fn, fpass) in variants.items():
+            out = fn(xs[0])
+            row[f"{name}_err"] = rel_l2(out, ref)
+            if fpass is not None:
+                row["matched"] = fpass.report.matched
+            if m <= 128:
+                us = time_graph_ms(lambda i, fn=fn: fn(xs[i]), num_sets) * 1e3
+            else:
+                us = time_ms(lambda fn=fn: fn(xs[0]), warmup=3, iters=10) * 1e3
+            row[f"{name}_us"] = us
+        row["fused_vs_compiled"] = row["compiled_us"] / row["compiled+fused_us"]
+        row["fused_x_floor"] = row["compiled+fused_us"] / floor_us
+        rows.append(row)
+        print(row, flush=True)
+    meta = environment() | {
+        "config": "Kimi K3 one rank of TP8/EP8: 112/896 experts MXFP4, top-16, I=3072, L=3584, H=7168, shared 768, R=1",
+        "copy_TBps": ceilings["copy_bytes_per_s"] / 1e12,
+        "bf16_TFLOPps": ceilings["bf16_flop_per_s"] / 1e12,
+        "timing": "decode: CUDA graph replay over rotating inputs, median; prefill: CUDA events, median",
+    }
+    cols = ["M", "eager_us", "compiled_us", "compiled+fused_us", "floor_us", "fused_vs_compiled", "fused_x_floor",
+            "compiled+fused_err", "matched", "bytes_MB", "GFLOP"]
+    write_results("block", rows, cols, meta, args.out)
+    plot(rows, Path(args.out) / "block.png")
+
+
+def plot(rows, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ms = [r["M"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key in ("eager_us", "compiled_us", "compiled+fused_us", "floor_us"):
+        ax.plot(ms, [r[key] for r in rows], marker="o", label=key.removesuffix("_us"))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens M")
+    ax.set_ylabel("time per block (us)")
+    ax.set_title("Kimi K3 block, one rank (H200)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
