@@ -1,0 +1,207 @@
+"""Triton backend of `lmf::latent_tail` (registered at import): up-projection + fragment sum + add, one kernel.
+
+`tail_fused(a, w, frags)` is the launcher: out [M, N] = round(((a @ w^T) + frags[0]) + ... + frags[R-1])
+for any strided [R, M, N] fragment view. The backend maps the three layouts onto it (token_publish:
+ws.transpose(0, 1); hidden_scatter: this rank's rows of w_up, then layouts.gather_columns).
+
+Capture safety: a launch does no host sync and allocates only with torch.empty (the output and, for
+split-K configs, the fp32 partials). Split-K arrival counters are one int32 per N tile, kept per
+device and reset to zero by the kernel itself; they are created outside capture by `warmup()` (or
+the first eager call). Two split-K tails must not run concurrently on one device (they would share
+counters); a call under capture that finds no counters gets fresh zeroed ones (a memset node).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..backends import Backend, register_backend
+from ..layouts import fragments_as_rmn, gather_columns, group_rank, group_size
+from .tail_configs import TailConfig, pick_config
+
+try:
+    from .tail_kernels import tail_swap_kernel, tail_tile_kernel, tail_tile_tma_kernel
+
+    _IMPORT_ERROR: str | None = None
+except Exception as exc:  # pragma: no cover - depends on the installation
+    _IMPORT_ERROR = f"triton is not importable ({exc})"
+
+INT32_MAX = 2**31 - 1
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_COUNTER_SLOTS = 1 << 14
+_NUM_SMS: dict[torch.device, int] = {}
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    if device not in _NUM_SMS:
+        _NUM_SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _NUM_SMS[device]
+
+
+def _counters(device: torch.device, tiles: int) -> torch.Tensor:
+    if tiles > _COUNTER_SLOTS:
+        raise ValueError(f"split-K tail with {tiles} N tiles exceeds {_COUNTER_SLOTS} counters; use a larger block_n")
+    cached = _COUNTERS.get(device)
+    if cached is not None:
+        return cached
+    counters = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return counters  # graph-private memory: do not cache it for eager use
+    _COUNTERS[device] = counters
+    return counters
+
+
+def _dot_mode(dtype: torch.dtype) -> tuple[bool, str]:
+    """(cast operands to fp32, input_precision): exact fp32 dots for fp32 inputs and under the interpreter."""
+    interp = _interpreting()
+    return interp, ("ieee" if dtype == torch.float32 or interp else "tf32")
+
+
+def _tma_ok(a: torch.Tensor, w: torch.Tensor) -> bool:
+    # Descriptors need unit inner stride and 16-byte aligned bases and row strides.
+    return all(
+        t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (a, w)
+    )
+
+
+def tail_fused(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    frags: torch.Tensor,
+    out: torch.Tensor | None = None,
+    config: TailConfig | None = None,
+) -> torch.Tensor:
+    """out [M, N] = round(((a @ w^T) + frags[0]) + ... + frags[R-1]); a [M, K], w [N, K], frags [R, M, N]."""
+    m, k = a.shape
+    n = w.shape[0]
+    r = frags.shape[0]
+    if out is None:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if m == 0 or n == 0:
+        return out
+    if config is None:
+        config = pick_config(m, n, k, a.dtype == torch.float32, _num_sms(a.device))
+    dot_fp32, precision = _dot_mode(a.dtype)
+    frag_strides = frags.stride()
+    out_strides = out.stride()
+    if config.kernel == "swap":
+        if config.block_m < m:
+            raise ValueError(f"swap config {config.label()} serves M <= {config.block_m}, got M = {m}")
+        split = config.split_k
+        k_per_split = _cdiv(_cdiv(k, split), config.block_k) * config.block_k
+        tiles = _cdiv(n, config.block_n)
+        if split > 1:
+            part = torch.empty((split, m, n), dtype=torch.float32, device=a.device)
+            counters = _counters(a.device, tiles)
+        else:
+            part, counters = out, out  # unused by the SPLIT_K == 1 specialisation
+        tail_swap_kernel[(tiles, split)](
+            a, w, frags, out, part, counters,
+            m, n, k, k_per_split,
+            a.stride(0), a.stride(1), w.stride(0), w.stride(1), *frag_strides, *out_strides,
+            R=r, BLOCK_N=config.block_n, BLOCK_M=config.block_m, BLOCK_K=config.block_k, SPLIT_K=split,
+            EVEN_K=k % (config.block_k * split) == 0 and k_per_split * split == k,
+            DOT_FP32=dot_fp32, PRECISION=precision,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )
+        return out
+    tiles = _cdiv(m, config.block_m) * _cdiv(n, config.block_n)
+    grid = (min(tiles, _num_sms(a.device)) if config.persistent else tiles,)
+    common = dict(
+        R=r, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+        FLATTEN=config.persistent, DOT_FP32=dot_fp32, PRECISION=precision,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if config.kernel == "tile_tma" and _tma_ok(a, w):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        a_desc = TensorDescriptor.from_tensor(a, [config.block_m, config.block_k])
+        w_desc = TensorDescriptor.from_tensor(w, [config.block_n, config.block_k])
+        tail_tile_tma_kernel[grid](a_desc, w_desc, frags, out, m, n, k, *frag_strides, *out_strides, **common)
+        return out
+    tail_tile_kernel[grid](
+        a, w, frags, out, m, n, k,
+        a.stride(0), a.stride(1), w.stride(0), w.stride(1), *frag_strides, *out_strides,
+        EVEN_K=k % config.block_k == 0, **common,
+    )
+    return out
+
+
+def tail_triton(y_n: torch.Tensor, w_up: torch.Tensor, ws: torch.Tensor, mode: str, group_name: str | None):
+    """The lmf::latent_tail backend: every layout onto tail_fused."""
+    if mode == "hidden_scatter":
+        world = group_size(group_name)
+        cols = w_up.shape[0] // world
+        q = group_rank(group_name)
+        return gather_columns(tail_fused(y_n, w_up[q * cols : (q + 1) * cols], ws), group_name)
+    return tail_fused(y_n, w_up, fragments_as_rmn(ws, mode))
+
+
+def available() -> str | None:
+    if _IMPORT_ERROR is not None:
+        return _IMPORT_ERROR
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    major, minor = torch.cuda.get_device_capability()
+    if major < 9:
+        return f"the tail configs are measured on Hopper (sm_90); this device is sm_{major}{minor}"
+    return None
+
+
+def supports(y_n, w_up, ws, mode, group_name=None) -> str | None:
+    if y_n.dtype not in (torch.bfloat16, torch.float32):
+        return f"dtype {y_n.dtype} is not served (bfloat16 or float32)"
+    m, k = y_n.shape
+    hidden = w_up.shape[0]
+    # Offsets are int32 inside the kernels; the fp32 split-K workspace holds up to 16 copies of out.
+    largest = max(y_n.numel(), w_up.numel(), ws.numel(), m * hidden * 16)
+    if largest > INT32_MAX:
+        return f"tensors of {largest} elements exceed int32 indexing in the Triton tail"
+    return None
+
+
+def warmup(
+    m_values: tuple[int, ...] = (1, 16, 32, 64, 128, 256),
+    n: int = 7168,
+    k: int = 3584,
+    r_values: tuple[int, ...] = (1, 8),
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cuda",
+) -> None:
+    """Compile every bucket's kernel for these sizes and create the split-K counters (call before capture)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    _counters(device, 1)
+    w = torch.randn(n, k, dtype=dtype, device=device)
+    for m in m_values:
+        a = torch.randn(m, k, dtype=dtype, device=device)
+        for r in r_values:
+            tail_fused(a, w, torch.randn(r, m, n, dtype=dtype, device=device))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+register_backend(
+    Backend(
+        op="latent_tail",
+        name="triton",
+        priority=10,
+        device_types=("cuda",),
+        fn=tail_triton,
+        available=available,
+        supports=supports,
+    )
+)

@@ -1,0 +1,191 @@
+"""Triton kernels of the latent tail: out = round(((A @ W^T) + F[0]) + F[1] + ... + F[R-1]).
+
+A [M, K] activations, W [N, K] weight (nn.Linear layout), F a strided [R, M, N] view of the shared
+fragments; everything accumulates in fp32 and is rounded once when stored. The fragments are added
+to the matmul accumulator in the fixed order r = 0..R-1 (the association of ops/math.py::tail_math),
+so a given kernel configuration is bitwise deterministic run to run.
+
+Two kernels, chosen per M bucket by tail_configs.py:
+- `tail_swap_kernel` (decode, small M): swap-AB, the accumulator is out^T [BLOCK_N, BLOCK_M] so that
+  the weight rows fill the matrix unit's wide side and M is padded only to 16. The grid tiles N
+  (and optionally K: SPLIT_K > 1) so that every SM streams its share of W. Split-K partials go to
+  an fp32 workspace; the last CTA of an N tile to arrive (an int32 counter, not fp32 atomics) sums
+  them in the order s = 0..SPLIT_K-1 and runs the epilogue, then resets its counter to 0.
+- `tail_tile_kernel` (prefill): an output-tiled, grouped-order, optionally persistent tl.dot kernel
+  with the fragment reduction in the epilogue; the `_tma` variant reads A and W through host-built
+  tensor descriptors (Hopper's bulk copy engine).
+
+Out-of-range rows are clamped (they re-read row M-1 / N-1 and are never stored) so that the main
+loops load without masks; K tails are masked only when K is not a multiple of the K step.
+`DOT_FP32` casts the dot operands to fp32: the interpreter's bf16 tl.dot is wrong (triton #11584).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R: tl.constexpr):
+    # Unrolled so that the R fragment loads are issued together, then added in order r = 0..R-1.
+    for r in tl.static_range(R):
+        frag = tl.load(f_ptr + r * s_fr + f_offs, mask=mask, other=0.0)
+        acc += frag.to(tl.float32)
+    tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M", "k_per_split"])
+def tail_swap_kernel(
+    a_ptr, w_ptr, f_ptr, out_ptr, part_ptr, count_ptr,
+    M, N, K, k_per_split,
+    s_am, s_ak, s_wn, s_wk, s_fr, s_fm, s_fn, s_om, s_on,
+    R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    rows_w = tl.minimum(offs_n, N - 1)
+    rows_a = tl.minimum(offs_m, M - 1)
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + rows_w[:, None] * s_wn + (k_lo + offs_k)[None, :] * s_wk
+    a_ptrs = a_ptr + rows_a[None, :] * s_am + (k_lo + offs_k)[:, None] * s_ak  # A^T tile [BLOCK_K, BLOCK_M]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k in range(k_lo, k_hi, BLOCK_K):
+        if EVEN_K:
+            w = tl.load(w_ptrs)
+            a = tl.load(a_ptrs)
+        else:
+            in_k = (k + offs_k) < k_hi
+            w = tl.load(w_ptrs, mask=in_k[None, :], other=0.0)
+            a = tl.load(a_ptrs, mask=in_k[:, None], other=0.0)
+        if DOT_FP32:
+            w = w.to(tl.float32)
+            a = a.to(tl.float32)
+        acc = tl.dot(w, a, acc, input_precision=PRECISION)
+        w_ptrs += BLOCK_K * s_wk
+        a_ptrs += BLOCK_K * s_ak
+
+    mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
+    f_offs = offs_m[None, :] * s_fm + offs_n[:, None] * s_fn
+    o_offs = offs_m[None, :] * s_om + offs_n[:, None] * s_on
+    if SPLIT_K == 1:
+        _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R)
+    else:
+        p_offs = offs_m[None, :] * N + offs_n[:, None]
+        tl.store(part_ptr + pid_k * M * N + p_offs, acc, mask=mask)
+        # Every thread's partial is written before one thread publishes arrival (release, gpu scope).
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            # Last CTA of this N tile: fixed-order sum of the partials (L2 reads: .cg skips L1).
+            acc = tl.load(part_ptr + p_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT_K):
+                acc += tl.load(part_ptr + s * M * N + p_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch (and graph replay)
+            _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R)
+
+
+@triton.jit
+def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    # Grouped order: GROUP_M row-tiles sweep the N tiles together so W tiles are reused from L2.
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * num_pid_n
+    first_m = (tile // in_group) * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + ((tile % in_group) % group_rows)
+    pid_n = (tile % in_group) // group_rows
+    return pid_m, pid_n
+
+
+@triton.jit(do_not_specialize=["M"])
+def tail_tile_kernel(
+    a_ptr, w_ptr, f_ptr, out_ptr,
+    M, N, K,
+    s_am, s_ak, s_wn, s_wk, s_fr, s_fm, s_fn, s_om, s_on,
+    R: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
+        pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_a = tl.minimum(offs_m, M - 1)
+        rows_w = tl.minimum(offs_n, N - 1)
+        a_ptrs = a_ptr + rows_a[:, None] * s_am + offs_k[None, :] * s_ak
+        w_ptrs = w_ptr + rows_w[None, :] * s_wn + offs_k[:, None] * s_wk  # W^T tile [BLOCK_K, BLOCK_N]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                w = tl.load(w_ptrs)
+            else:
+                in_k = (k + offs_k) < K
+                a = tl.load(a_ptrs, mask=in_k[None, :], other=0.0)
+                w = tl.load(w_ptrs, mask=in_k[:, None], other=0.0)
+            if DOT_FP32:
+                a = a.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(a, w, acc, input_precision=PRECISION)
+            a_ptrs += BLOCK_K * s_ak
+            w_ptrs += BLOCK_K * s_wk
+        mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        f_offs = offs_m[:, None] * s_fm + offs_n[None, :] * s_fn
+        o_offs = offs_m[:, None] * s_om + offs_n[None, :] * s_on
+        _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R)
+
+
+@triton.jit(do_not_specialize=["M"])
+def tail_tile_tma_kernel(
+    a_desc, w_desc, f_ptr, out_ptr,
+    M, N, K,
+    s_fr, s_fm, s_fn, s_om, s_on,
+    R: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    # Descriptors zero-fill out-of-range rows and K tails, so no clamping or masks in the main loop.
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
+        pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            a = a_desc.load([off_m, k])
+            w = w_desc.load([off_n, k])
+            if DOT_FP32:
+                a = a.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(a, w.T, acc, input_precision=PRECISION)
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        f_offs = offs_m[:, None] * s_fm + offs_n[None, :] * s_fn
+        o_offs = offs_m[:, None] * s_om + offs_n[None, :] * s_on
+        _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R)
