@@ -23,6 +23,13 @@ from .validation import (
     validate_tail,
 )
 
+try:  # CuTe DSL backends: registering them imports no cutlass, and must never break importing the package
+    from . import cute as _cute  # noqa: F401
+except Exception as _exc:  # pragma: no cover - a broken optional install
+    import warnings
+
+    warnings.warn(f"latent_moe_fusion: CuTe DSL backends not registered ({_exc})", stacklevel=1)
+
 
 def _validate_producer(
     z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
