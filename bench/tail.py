@@ -30,7 +30,7 @@ from bench.common import (  # noqa: E402
     time_ms,
     write_results,
 )
-from latent_moe_fusion.ops.triton_kernels import tail  # noqa: E402
+from latent_moe_fusion.ops.triton_kernels import tail, tail_configs  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.tail_configs import TailConfig, pick_config  # noqa: E402
 
 K, N = 3584, 7168
@@ -48,31 +48,44 @@ def _tile(bm, bn, bk, w=8, st=3, kernel="tile", persistent=False, g=8):
     return TailConfig(kernel, bm, bn, bk, num_warps=w, num_stages=st, group_m=g, persistent=persistent)
 
 
-# Candidates per M (swept at R = 8); the winners go into tail_configs.BF16_TABLE by hand.
-SWEEP: dict[tuple[int, ...], list[TailConfig]] = {
-    (1, 4, 8, 16): [
-        _swap(16, 16, 256), _swap(16, 32, 256), _swap(16, 32, 512, st=3), _swap(16, 64, 256),
-        _swap(16, 64, 128, s=2), _swap(16, 64, 256, st=3, s=2), _swap(16, 128, 128, s=4),
-    ],
-    (32,): [
-        _swap(32, 32, 256), _swap(32, 64, 256), _swap(32, 64, 128, s=2), _swap(32, 128, 128, s=2),
-        _swap(32, 128, 128, s=4),
-    ],
-    (64,): [
-        _swap(64, 64, 128), _swap(64, 64, 128, s=2), _swap(64, 128, 64, s=2), _swap(64, 128, 128, w=8, st=3, s=4),
-        _swap(64, 128, 64, w=8, s=2), _tile(64, 128, 64, w=4, st=4),
-    ],
-    (128,): [
-        _swap(128, 64, 128, st=3, s=2), _swap(128, 128, 64, w=8, s=2), _swap(128, 128, 64, w=8, st=3, s=4),
-        _swap(128, 64, 64), _tile(128, 64, 64, w=4, st=4), _tile(128, 128, 64, w=8, st=3),
-    ],
-    (256, 1024, 4096): [
-        _tile(128, 128, 64), _tile(128, 256, 64), _tile(128, 128, 64, w=4, st=4),
+# Candidates per table bucket (bound, M values timed, configs), swept at R = 8; --adopt-sweep serves each
+# bucket with the candidate of least summed time over its M values (then copied into BF16_TABLE by hand).
+SWEEP: list[tuple[int, tuple[int, ...], list[TailConfig]]] = [
+    (4, (1, 4), [
+        _swap(16, 16, 256), _swap(16, 32, 256), _swap(16, 32, 128, st=5), _swap(16, 32, 256, st=3, s=2),
+        _swap(16, 64, 128, s=2), _swap(16, 64, 256, st=3, s=2), _swap(16, 64, 128, s=4), _swap(16, 128, 128, s=4),
+        _swap(16, 128, 64, st=6, s=4),
+    ]),
+    (16, (8, 16), [
+        _swap(16, 16, 256), _swap(16, 32, 256), _swap(16, 32, 128, st=5), _swap(16, 32, 256, st=3, s=2),
+        _swap(16, 64, 128, s=2), _swap(16, 64, 256, st=3, s=2), _swap(16, 64, 128, s=4), _swap(16, 128, 128, s=4),
+    ]),
+    (32, (32,), [
+        _swap(32, 32, 256), _swap(32, 64, 128, s=2), _swap(32, 64, 256, st=3, s=2), _swap(32, 128, 128, s=4),
+        _swap(32, 128, 64, st=5, s=2), _swap(32, 64, 128, s=4),
+    ]),
+    (64, (64,), [
+        _swap(64, 64, 128, s=2), _swap(64, 64, 128, s=4), _swap(64, 128, 64, s=2), _swap(64, 128, 64, w=8, s=2),
+        _swap(64, 128, 128, w=8, st=3, s=4), _swap(64, 128, 64, w=8, st=4, s=4), _tile(64, 128, 64, w=4, st=4),
+    ]),
+    (128, (128,), [
+        _swap(128, 128, 64, w=8, s=2), _swap(128, 128, 64, w=8, st=3, s=4), _swap(128, 64, 128, st=3, s=2),
+        _swap(128, 64, 64, w=4, st=4, s=4), _swap(128, 128, 128, w=8, st=3, s=2), _tile(128, 64, 64, w=4, st=4),
+        _tile(128, 128, 64, w=8, st=3), _tile(128, 64, 64, w=4, st=4, kernel="tile_tma"),
+    ]),
+    (512, (256, 512), [
+        _tile(128, 128, 64), _tile(128, 128, 64, st=4), _tile(128, 256, 64), _tile(64, 128, 64, w=4, st=4),
+        _tile(128, 128, 64, kernel="tile_tma"), _tile(128, 128, 64, st=4, kernel="tile_tma", persistent=True),
+        _tile(128, 256, 64, kernel="tile_tma"), _tile(128, 64, 64, w=4, st=4, kernel="tile_tma"),
+    ]),
+    (1 << 62, (1024, 4096), [
+        _tile(128, 128, 64), _tile(128, 256, 64), _tile(128, 256, 64, st=4), _tile(128, 256, 64, persistent=True),
         _tile(128, 128, 64, kernel="tile_tma"), _tile(128, 256, 64, kernel="tile_tma"),
-        _tile(128, 256, 64, persistent=True), _tile(128, 256, 64, kernel="tile_tma", persistent=True),
-        _tile(128, 128, 64, st=4, kernel="tile_tma", persistent=True),
-    ],
-}
+        _tile(128, 256, 64, st=4, kernel="tile_tma"), _tile(128, 256, 64, kernel="tile_tma", persistent=True),
+        _tile(128, 256, 64, st=4, kernel="tile_tma", persistent=True),
+        _tile(128, 128, 64, st=4, kernel="tile_tma", persistent=True), _tile(256, 128, 64, kernel="tile_tma"),
+    ]),
+]
 
 
 def floor_us(m: int, r: int, ceil: dict[str, float]) -> tuple[float, float]:
@@ -124,9 +137,11 @@ def check(out: torch.Tensor, ref: torch.Tensor) -> float:
     return rel_l2(out, ref)
 
 
-def sweep(weights: list[torch.Tensor], ceil: dict[str, float], out_dir: str, meta: dict) -> None:
-    rows = []
-    for ms, cands in SWEEP.items():
+def sweep(weights: list[torch.Tensor], ceil: dict[str, float], out_dir: str, meta: dict) -> list:
+    """Time every candidate; returns the adopted table (bucket bound, fastest correct candidate)."""
+    rows, table = [], []
+    for bound, ms, cands in SWEEP:
+        total = {cfg: 0.0 for cfg in cands}
         for m in ms:
             inputs = Inputs(m, 8, weights)
             ref = inputs.reference()
@@ -137,14 +152,21 @@ def sweep(weights: list[torch.Tensor], ceil: dict[str, float], out_dir: str, met
                     row["err"] = check(fused_with(cfg)(inputs.a[0], inputs.w[0], inputs.f[0]), ref)
                     row["us"] = time_us(m, fused_with(cfg), inputs)
                     row["x_floor"] = row["us"] / row["floor_us"]
+                    total[cfg] += row["us"] if row["err"] < 1e-2 else float("inf")
                 except Exception as exc:  # a candidate that does not compile is reported, not fatal
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+                    total[cfg] = float("inf")
                 rows.append(row)
-                print(f"sweep M={m:5d} {cfg.label():40s} {row.get('us', float('nan')):9.2f} us "
+                print(f"sweep M={m:5d} {cfg.label():42s} {row.get('us', float('nan')):9.2f} us "
                       f"x{row.get('x_floor', float('nan')):5.2f} err {row.get('err', float('nan')):.2e} "
                       f"{row.get('error', '')}", flush=True)
             del inputs
+        table.append((bound, min(cands, key=lambda c: total[c])))
     write_results("tail_sweep", rows, ["M", "R", "config", "us", "floor_us", "x_floor", "err", "error"], meta, out_dir)
+    print("adopted table:")
+    for bound, cfg in table:
+        print(f"    ({bound}, {cfg!r}),")
+    return table
 
 
 def _compile_one(job: tuple[TailConfig | None, int, int]) -> str | None:
@@ -203,6 +225,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     parser.add_argument("--sweep", action="store_true", help="also time the candidate configs (R = 8)")
+    parser.add_argument("--adopt-sweep", action="store_true", help="bench with the sweep's winners as the table")
     parser.add_argument("--no-bench", action="store_true", help="skip the main fused/unfused table")
     parser.add_argument("--jobs", type=int, default=8, help="processes that compile kernels ahead (0: none)")
     args = parser.parse_args()
@@ -210,7 +233,8 @@ def main() -> None:
     if args.jobs:
         jobs = [(None, m, r) for r in R_VALUES for m in DECODE_M + PREFILL_M] * (not args.no_bench)
         if args.sweep:
-            jobs += [(cfg, ms[0], 8) for ms, cands in SWEEP.items() for cfg in cands]
+            rs = (8, 1) if args.adopt_sweep else (8,)
+            jobs += [(cfg, ms[0], r) for r in rs for _, ms, cands in SWEEP for cfg in cands]
         precompile(jobs, args.jobs)
     torch.manual_seed(0)
     meta = environment()
@@ -219,7 +243,10 @@ def main() -> None:
     print(f"ceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 {ceil['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s")
     weights = [torch.randn(N, K, device="cuda", dtype=DTYPE) for _ in range(6)]
     if args.sweep:
-        sweep(weights, ceil, args.out, meta)
+        table = sweep(weights, ceil, args.out, meta)
+        if args.adopt_sweep:
+            tail_configs.BF16_TABLE = tuple(table)
+            meta["table"] = "adopted from this run's sweep"
     if args.no_bench:
         return
     tail.warmup(m_values=DECODE_M + PREFILL_M, r_values=R_VALUES)

@@ -76,6 +76,12 @@ def _tma_ok(a: torch.Tensor, w: torch.Tensor) -> bool:
     )
 
 
+def _frag_group(config: TailConfig, r: int) -> int:
+    """Fragments loaded together in the epilogue: the largest divisor of R whose loads fit in ~64 registers."""
+    regs_per_fragment = max(1, config.block_m * config.block_n // (64 * config.num_warps))  # bf16, 2 per register
+    return max((g for g in range(1, r + 1) if r % g == 0 and (g == 1 or g * regs_per_fragment <= 64)), default=1)
+
+
 def tail_fused(
     a: torch.Tensor,
     w: torch.Tensor,
@@ -100,7 +106,7 @@ def tail_fused(
         if config.block_m < m:
             raise ValueError(f"swap config {config.label()} serves M <= {config.block_m}, got M = {m}")
         split = config.split_k
-        k_per_split = _cdiv(_cdiv(k, split), config.block_k) * config.block_k
+        steps_per_split = _cdiv(_cdiv(k, config.block_k), split)
         tiles = _cdiv(n, config.block_n)
         if split > 1:
             part = torch.empty((split, m, n), dtype=torch.float32, device=a.device)
@@ -109,10 +115,10 @@ def tail_fused(
             part, counters = out, out  # unused by the SPLIT_K == 1 specialisation
         tail_swap_kernel[(tiles, split)](
             a, w, frags, out, part, counters,
-            m, n, k, k_per_split,
+            m, n, k, steps_per_split,
             a.stride(0), a.stride(1), w.stride(0), w.stride(1), *frag_strides, *out_strides,
             R=r, BLOCK_N=config.block_n, BLOCK_M=config.block_m, BLOCK_K=config.block_k, SPLIT_K=split,
-            EVEN_K=k % (config.block_k * split) == 0 and k_per_split * split == k,
+            EVEN_K=k % config.block_k == 0, FRAG_GROUP=_frag_group(config, r),
             DOT_FP32=dot_fp32, PRECISION=precision,
             num_warps=config.num_warps, num_stages=config.num_stages,
         )
@@ -121,7 +127,7 @@ def tail_fused(
     grid = (min(tiles, _num_sms(a.device)) if config.persistent else tiles,)
     common = dict(
         R=r, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-        FLATTEN=config.persistent, DOT_FP32=dot_fp32, PRECISION=precision,
+        FRAG_GROUP=_frag_group(config, r), FLATTEN=config.persistent, DOT_FP32=dot_fp32, PRECISION=precision,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if config.kernel == "tile_tma" and _tma_ok(a, w):

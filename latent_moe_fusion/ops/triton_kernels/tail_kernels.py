@@ -27,18 +27,19 @@ import triton.language as tl
 
 
 @triton.jit
-def _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R: tl.constexpr):
-    # Unrolled so that the R fragment loads are issued together, then added in order r = 0..R-1.
-    for r in tl.static_range(R):
-        frag = tl.load(f_ptr + r * s_fr + f_offs, mask=mask, other=0.0)
-        acc += frag.to(tl.float32)
+def _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R: tl.constexpr, GROUP: tl.constexpr):
+    # Fragments are added in order r = 0..R-1, GROUP of them in flight at a time (GROUP divides R):
+    # all R for small accumulators, fewer where holding them would spill the accumulator's registers.
+    for r0 in tl.range(0, R, GROUP, loop_unroll_factor=1):
+        for j in tl.static_range(GROUP):
+            acc += tl.load(f_ptr + (r0 + j) * s_fr + f_offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["M", "k_per_split"])
+@triton.jit(do_not_specialize=["M", "steps_per_split"])
 def tail_swap_kernel(
     a_ptr, w_ptr, f_ptr, out_ptr, part_ptr, count_ptr,
-    M, N, K, k_per_split,
+    M, N, K, steps_per_split,
     s_am, s_ak, s_wn, s_wk, s_fr, s_fm, s_fn, s_om, s_on,
     R: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -46,6 +47,7 @@ def tail_swap_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr,
+    FRAG_GROUP: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -55,18 +57,19 @@ def tail_swap_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     rows_w = tl.minimum(offs_n, N - 1)
     rows_a = tl.minimum(offs_m, M - 1)
-    k_lo = pid_k * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
-    offs_k = tl.arange(0, BLOCK_K)
-    w_ptrs = w_ptr + rows_w[:, None] * s_wn + (k_lo + offs_k)[None, :] * s_wk
-    a_ptrs = a_ptr + rows_a[None, :] * s_am + (k_lo + offs_k)[:, None] * s_ak  # A^T tile [BLOCK_K, BLOCK_M]
+    # K is walked in whole BLOCK_K steps so that the compiler sees 16-byte aligned, vectorisable loads.
+    step_lo = pid_k * steps_per_split
+    step_hi = tl.minimum(step_lo + steps_per_split, tl.cdiv(K, BLOCK_K))
+    offs_k = step_lo * BLOCK_K + tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + rows_w[:, None] * s_wn + offs_k[None, :] * s_wk
+    a_ptrs = a_ptr + rows_a[None, :] * s_am + offs_k[:, None] * s_ak  # A^T tile [BLOCK_K, BLOCK_M]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k in range(k_lo, k_hi, BLOCK_K):
+    for step in range(step_lo, step_hi):
         if EVEN_K:
             w = tl.load(w_ptrs)
             a = tl.load(a_ptrs)
         else:
-            in_k = (k + offs_k) < k_hi
+            in_k = (step * BLOCK_K + tl.arange(0, BLOCK_K)) < K
             w = tl.load(w_ptrs, mask=in_k[None, :], other=0.0)
             a = tl.load(a_ptrs, mask=in_k[:, None], other=0.0)
         if DOT_FP32:
@@ -80,7 +83,7 @@ def tail_swap_kernel(
     f_offs = offs_m[None, :] * s_fm + offs_n[:, None] * s_fn
     o_offs = offs_m[None, :] * s_om + offs_n[:, None] * s_on
     if SPLIT_K == 1:
-        _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R)
+        _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP)
     else:
         p_offs = offs_m[None, :] * N + offs_n[:, None]
         tl.store(part_ptr + pid_k * M * N + p_offs, acc, mask=mask)
@@ -93,7 +96,7 @@ def tail_swap_kernel(
             for s in tl.static_range(1, SPLIT_K):
                 acc += tl.load(part_ptr + s * M * N + p_offs, mask=mask, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch (and graph replay)
-            _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R)
+            _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP)
 
 
 @triton.jit
@@ -120,6 +123,7 @@ def tail_tile_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
+    FRAG_GROUP: tl.constexpr,
     FLATTEN: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -152,7 +156,7 @@ def tail_tile_kernel(
         mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
         f_offs = offs_m[:, None] * s_fm + offs_n[None, :] * s_fn
         o_offs = offs_m[:, None] * s_om + offs_n[None, :] * s_on
-        _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R)
+        _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -165,6 +169,7 @@ def tail_tile_tma_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    FRAG_GROUP: tl.constexpr,
     FLATTEN: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -188,4 +193,4 @@ def tail_tile_tma_kernel(
         mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
         f_offs = offs_m[:, None] * s_fm + offs_n[None, :] * s_fn
         o_offs = offs_m[:, None] * s_om + offs_n[None, :] * s_on
-        _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R)
+        _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP)
