@@ -2,6 +2,16 @@
 
 from . import ops
 from .config import ConfigError, KimiK3MoEConfig
+from .fusion_pass import FusionConfig, FusionReport, LatentMoEFusionPass, install
 from .model import KimiK3MoEBlock
 
-__all__ = ["ConfigError", "KimiK3MoEBlock", "KimiK3MoEConfig", "ops"]
+__all__ = [
+    "ConfigError",
+    "FusionConfig",
+    "FusionReport",
+    "KimiK3MoEBlock",
+    "KimiK3MoEConfig",
+    "LatentMoEFusionPass",
+    "install",
+    "ops",
+]

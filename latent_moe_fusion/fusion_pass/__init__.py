@@ -1,0 +1,19 @@
+"""The Inductor fusion pass (DESIGN.md section 3)."""
+
+from .capabilities import DISABLE_ENV, Capabilities, agree_capabilities
+from .config import FusionConfig
+from .install import ChainedGraphPass, install
+from .latent_pass import LatentMoEFusionPass
+from .report import FusionReport, MatchedBlock
+
+__all__ = [
+    "DISABLE_ENV",
+    "Capabilities",
+    "ChainedGraphPass",
+    "FusionConfig",
+    "FusionReport",
+    "LatentMoEFusionPass",
+    "MatchedBlock",
+    "agree_capabilities",
+    "install",
+]

@@ -1,0 +1,150 @@
+"""LatentMoEFusionPass: the Inductor post-grad pass that fuses the Kimi K3 latent-MoE block.
+
+Per graph: find candidates (candidates.py), check what the fused ops can serve (checks.py), then let
+the pattern matcher rewrite the approved ones (matcher.py) into
+
+    y_n, ws = lmf::moe_shared_producer(<routed args>, rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group)
+    out     = lmf::latent_tail(y_n, w_up, ws, mode, group)
+
+Everything not rewritten is reported with a reason and logged on the "latent_moe_fusion" logger.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from ..patterns import FORMS, specs_for
+from .candidates import Candidate, Reject, find_candidates
+from .capabilities import DISABLE_ENV, Capabilities, agree_capabilities
+from .checks import check_candidate
+from .config import FusionConfig
+from .matcher import approved, matcher_for
+from .report import FusionReport, MatchedBlock, op_counts
+
+log = logging.getLogger("latent_moe_fusion")
+_PACKAGE = Path(__file__).resolve().parent.parent
+_CODE_DIRS = ("fusion_pass", "patterns")
+
+
+class LatentMoEFusionPass(CustomGraphPass):
+    """Rewrites every fusable latent-MoE block of a post-grad graph into producer + tail.
+
+    Build it on every rank of the group (default: the world group) at the same point: construction
+    agrees the capabilities that matter across ranks (one all_gather_object). `report` describes
+    the last graph the pass ran on; `reports` keeps one per graph.
+    """
+
+    def __init__(self, config: FusionConfig | None = None, *, group: dist.ProcessGroup | None = None) -> None:
+        self.config = config if config is not None else FusionConfig()
+        self.capabilities: Capabilities = agree_capabilities(group)
+        self.report = FusionReport()
+        self.reports: list[FusionReport] = []
+
+    @property
+    def enabled(self) -> bool:
+        return not self.capabilities.disabled
+
+    # -- the pass ----------------------------------------------------------------------------
+    def __call__(self, graph: fx.Graph) -> None:
+        report = FusionReport(nodes_before=len(graph.nodes), ops_before=op_counts(graph))
+        candidates = find_candidates(graph, self.config)
+        accepted = self._decide(candidates, report)
+        if accepted:
+            self._rewrite(graph, accepted)
+            graph.lint()
+        remaining = set(graph.nodes)
+        for cand in accepted.values():
+            if cand.routed in remaining:
+                self._reject(report, cand, _unmatched_reason(cand))
+            else:
+                report.blocks.append(self._matched_block(cand))
+                log.info("latent_moe_fusion: fused %s as %s (%s)", cand.where, cand.form, cand.spec.variant)
+        report.matched = len(report.blocks)
+        report.nodes_after = len(graph.nodes)
+        report.ops_after = op_counts(graph)
+        self.report = report
+        self.reports.append(report)
+
+    def _decide(self, candidates: list[Candidate], report: FusionReport) -> dict[fx.Node, Candidate]:
+        accepted = {}
+        for cand in candidates:
+            if cand.reason is None and not self.enabled:
+                cand.reason = f"{DISABLE_ENV}=1 on at least one rank: fusion is switched off"
+            if cand.reason is None:
+                try:
+                    cand.backends = check_candidate(cand, self.config, self.capabilities)
+                except Reject as exc:
+                    cand.reason = str(exc)
+                except Exception as exc:  # fail closed on anything unexpected
+                    cand.reason = f"could not check the block ({type(exc).__name__}: {exc})"
+            if cand.reason is None:
+                accepted[cand.routed] = cand
+            else:
+                self._reject(report, cand, cand.reason)
+        return accepted
+
+    def _rewrite(self, graph: fx.Graph, accepted: dict[fx.Node, Candidate]) -> None:
+        keys = []
+        for cand in accepted.values():
+            dtype = cand.routed.meta["val"].dtype
+            key = (cand.form, dtype, cand.routed.args[7], cand.group_name, cand.world)
+            if key not in keys:
+                keys.append(key)
+        with approved(accepted):
+            for form, dtype, weight_format, group_name, world in keys:
+                for spec in specs_for(form, dtype, weight_format, group_name, world,
+                                      self.config.gate_up_forms, self.config.norm_forms):
+                    matcher_for(spec).apply(graph)
+
+    def _reject(self, report: FusionReport, cand: Candidate, reason: str) -> None:
+        report.rejected.append((cand.where, reason))
+        level = logging.INFO if not self.enabled else logging.WARNING
+        log.log(level, "latent_moe_fusion: left %s unfused: %s", cand.where, reason)
+
+    @staticmethod
+    def _matched_block(cand: Candidate) -> MatchedBlock:
+        backends = ", ".join(f"{op}={name}" for op, name in (cand.backends or {}).items())
+        return MatchedBlock(cand.where, cand.form, FORMS[cand.form].mode, f"{cand.spec.variant}; {backends}",
+                            cand.group_name)
+
+    # -- caching -----------------------------------------------------------------------------
+    def uuid(self) -> str:
+        """Code of the pass and patterns, pattern set, configuration, agreed capabilities, switch."""
+        h = hashlib.sha256()
+        h.update(_code_digest().encode())
+        h.update(repr(self.config).encode())
+        h.update("\n".join(self.config.pattern_set()).encode())
+        h.update(self.capabilities.key().encode())
+        h.update(f"enabled={self.enabled}".encode())
+        h.update(torch.__version__.encode())
+        return h.hexdigest()
+
+
+def _unmatched_reason(cand: Candidate) -> str:
+    return (
+        f"no registered pattern matched this {cand.form} block ({cand.gate_up} gate/up): it is written differently "
+        "from the merged/split gate-up, plain-torch SiTU, F.rms_norm/manual-float32 RMSNorm and u + s forms, or its "
+        f"SiTU betas differ from the routed op's; TORCHINDUCTOR_PATTERN_MATCH_DEBUG={cand.out.name} shows where"
+    )
+
+
+_CODE_DIGEST: str | None = None
+
+
+def _code_digest() -> str:
+    global _CODE_DIGEST
+    if _CODE_DIGEST is None:
+        h = hashlib.sha256()
+        for directory in _CODE_DIRS:
+            for path in sorted((_PACKAGE / directory).glob("*.py")):
+                h.update(path.name.encode())
+                h.update(path.read_bytes())
+        _CODE_DIGEST = h.hexdigest()
+    return _CODE_DIGEST

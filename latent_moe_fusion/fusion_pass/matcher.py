@@ -1,0 +1,70 @@
+"""Registration of the PatternSpecs with Inductor's pattern matcher, and the gate every match passes.
+
+Tracing a pattern costs about a second, so each spec's PatternMatcherPass is built once per process
+and shared by all pass instances. The matcher only proposes: its extra_check accepts a match only
+if the running pass approved that block (a contextvar holds the approvals of the graph being
+rewritten), so a pattern can never fire outside the pass or on a candidate the checks rejected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from collections.abc import Iterator
+
+from torch import fx
+from torch._inductor.pattern_matcher import Match, PatternMatcherPass, fwd_only, register_replacement
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from ..patterns import PatternSpec
+from ..patterns.spec import SCALAR_EXAMPLES
+from .candidates import ROUTED, Candidate
+
+_APPROVED: contextvars.ContextVar[dict[fx.Node, Candidate] | None] = contextvars.ContextVar(
+    "latent_moe_fusion_approved", default=None
+)
+
+
+@contextlib.contextmanager
+def approved(candidates: dict[fx.Node, Candidate]) -> Iterator[None]:
+    token = _APPROVED.set(candidates)
+    try:
+        yield
+    finally:
+        _APPROVED.reset(token)
+
+
+def _gate(spec: PatternSpec):
+    def extra_check(match: Match) -> bool:
+        candidates = _APPROVED.get()
+        if candidates is None:
+            return False
+        routed = next((n for n in match.nodes if getattr(n, "target", None) is ROUTED), None)
+        cand = candidates.get(routed)
+        if cand is None or cand.form != spec.form.name or cand.gate_up != spec.gate_up:
+            return False
+        if cand.out not in match.nodes:
+            return False
+        cand.spec = spec
+        return True
+
+    return extra_check
+
+
+@functools.cache
+def matcher_for(spec: PatternSpec) -> PatternMatcherPass:
+    """A PatternMatcherPass holding this one spec (traced once per process)."""
+    matcher = PatternMatcherPass()
+    # Patterns are traced on meta tensors: no data, no process group, outside the compile's fake mode.
+    with unset_fake_temporarily():
+        register_replacement(
+            spec.search_fn(),
+            spec.replace_fn(),
+            spec.example_inputs(),
+            fwd_only,
+            matcher,
+            extra_check=_gate(spec),
+            scalar_workaround=dict(SCALAR_EXAMPLES),
+        )
+    return matcher

@@ -1,0 +1,57 @@
+"""What one run of the fusion pass did: blocks rewritten, candidates left alone and why."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class MatchedBlock:
+    where: str  # "routed_experts_1 -> add_7": the block's first and last node in the post-grad graph
+    form: str  # local | all_reduce | sequence_parallel
+    mode: str  # the fused layout: local | hidden_scatter | token_publish
+    variant: str  # gate/up form, RMSNorm form, dtype, weight format
+    group_name: str | None
+
+
+@dataclass
+class FusionReport:
+    matched: int = 0
+    rejected: list[tuple[str, str]] = field(default_factory=list)  # (where, reason)
+    blocks: list[MatchedBlock] = field(default_factory=list)
+    nodes_before: int = 0
+    nodes_after: int = 0
+    ops_before: Counter = field(default_factory=Counter)  # call_function target name -> count
+    ops_after: Counter = field(default_factory=Counter)
+
+    def ops_removed(self) -> Counter:
+        return self.ops_before - self.ops_after
+
+    def ops_added(self) -> Counter:
+        return self.ops_after - self.ops_before
+
+    def summary(self) -> str:
+        lines = [f"latent-moe fusion: {self.matched} block(s) rewritten, {len(self.rejected)} left alone; "
+                 f"post-grad nodes {self.nodes_before} -> {self.nodes_after}"]
+        lines += [f"  fused    {b.where}: {b.form} (mode {b.mode}, group {b.group_name}) [{b.variant}]" for b in self.blocks]
+        lines += [f"  rejected {where}: {reason}" for where, reason in self.rejected]
+        if self.matched:
+            removed = ", ".join(f"{name} x{n}" for name, n in sorted(self.ops_removed().items()))
+            added = ", ".join(f"{name} x{n}" for name, n in sorted(self.ops_added().items()))
+            lines += [f"  ops removed: {removed or '-'}", f"  ops added:   {added or '-'}"]
+        return "\n".join(lines)
+
+
+def op_counts(graph) -> Counter:
+    """call_function nodes by target name (aten.mm.default, lmf.latent_tail.default, ...)."""
+    counts: Counter = Counter()
+    for node in graph.nodes:
+        if node.op == "call_function":
+            counts[_target_name(node.target)] += 1
+    return counts
+
+
+def _target_name(target) -> str:
+    name = str(target)
+    return name[len("torch.ops."):] if name.startswith("torch.ops.") else getattr(target, "__name__", name)
