@@ -1,0 +1,134 @@
+"""Launch schedule of the routed experts (+ optional shared expert and RMSNorm): four launches.
+
+  1. group_by_expert   ids -> expert blocks (one program, device-side, capture-safe)
+  2. l1_kernel         routed gate/up + SiTU  and  shared gate/up + SiTU   (one grid)
+  3. l2_kernel         routed down -> FP32 pair rows  and  shared down -> fragments (one grid)
+  4. combine_kernel    FP32 top-k sum in slot order, one rounding, RMSNorm fused
+Every size that shapes a grid or buffer is known on the host; nothing reads device data back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .combine import launch_combine
+from .expert_gemm import l1_kernel, l2_kernel
+from .moe_align import group_by_expert
+from .producer_config import ProducerConfig, interpreting, pick_config
+from .weight_tiles import dot_precision
+
+
+@dataclass(frozen=True)
+class SharedExpert:
+    x_s: torch.Tensor  # [M_s, H]
+    w1_s: torch.Tensor  # [I_s, H] gate
+    w3_s: torch.Tensor  # [I_s, H] up
+    w2_s: torch.Tensor  # [H, I_s] down
+    out: torch.Tensor  # [M_s, H] written with round(act_s @ w2_s^T)
+
+
+def _weight_strides(w: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Tensor, int, int, int, int]:
+    if scale is None:
+        return w, w.stride(0), w.stride(1), 0, 0
+    return scale, w.stride(0), w.stride(1), scale.stride(0), scale.stride(1)
+
+
+def resolve_config(
+    z: torch.Tensor, num_pairs: int, weight_format: str, inter: int, shared: SharedExpert | None,
+    config: ProducerConfig | None,
+) -> ProducerConfig:
+    cfg = config or pick_config(num_pairs, weight_format, z.dtype)
+    l1_k: tuple[int, ...] = (z.shape[1],)
+    l2_k: tuple[int, ...] = (inter,)
+    if shared is not None:
+        l1_k += (shared.x_s.shape[1],)
+        l2_k += (shared.w1_s.shape[0],)
+    return cfg.with_k_dims(l1_k, l2_k, weight_format == "mxfp4")
+
+
+def run_experts(
+    z: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+    weight_format: str,
+    beta: float,
+    lin_beta: float,
+    rms_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    shared: SharedExpert | None = None,
+    config: ProducerConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Routed experts (rms-normalised if rms_weight is given) [M, L]; also fills shared.out.
+
+    `out` (optional, [M, L] in z.dtype) receives the result; `config` overrides the tile choice.
+    """
+    m, latent = z.shape
+    top_k = topk_ids.shape[1]
+    num_experts = w13.shape[0]
+    mxfp4 = weight_format == "mxfp4"
+    inter = w2.shape[-1] * (2 if mxfp4 else 1)
+    num_pairs = m * top_k
+    cfg = resolve_config(z, num_pairs, weight_format, inter, shared, config)
+    bm = cfg.bm
+    interp = interpreting()
+    prec = dot_precision(z.dtype == torch.float32)
+    dev = z.device
+
+    y = torch.empty_like(z) if out is None else out
+    if num_pairs > 0:
+        grouping = group_by_expert(topk_ids, num_experts, bm)
+        nb_max = grouping.nb_max
+    else:
+        grouping, nb_max = None, 0
+    act = torch.empty(max(nb_max * bm, 1), inter, dtype=z.dtype, device=dev)
+    pairs = torch.empty(max(num_pairs, 1), latent, dtype=torch.float32, device=dev)
+    sorted_pairs = grouping.sorted_pairs if grouping else act
+    block_expert = grouping.block_expert if grouping else act
+
+    w13s, s13_e, s13_n, s13s_e, s13s_n = _weight_strides(w13, w13_scale)
+    w2s, s2_e, s2_n, s2s_e, s2s_n = _weight_strides(w2, w2_scale)
+
+    if shared is not None and shared.x_s.shape[0] > 0:
+        x_s, w1_s, w3_s, w2_s, s_out = shared.x_s, shared.w1_s, shared.w3_s, shared.w2_s, shared.out
+        m_s, hidden = x_s.shape
+        inter_s = w1_s.shape[0]
+        act_s = torch.empty(m_s, inter_s, dtype=z.dtype, device=dev)
+        sh_l1 = triton.cdiv(m_s, bm) * triton.cdiv(inter_s, cfg.l1.bn)
+        sh_l2 = triton.cdiv(m_s, bm) * triton.cdiv(hidden, cfg.l2.bn)
+    else:
+        # No shared work (n_shared_tiles = 0): the shared arguments are never read; sizes like the
+        # routed ones keep the compiled kernel the same as the producer's.
+        x_s = w1_s = w3_s = w2_s = act_s = s_out = z
+        m_s, hidden, inter_s, sh_l1, sh_l2 = 0, latent, inter, 0, 0
+
+    tiles_r1 = triton.cdiv(inter, cfg.l1.bn)
+    tiles_r2 = triton.cdiv(latent, cfg.l2.bn)
+    grid1 = sh_l1 + nb_max * tiles_r1
+    grid2 = sh_l2 + nb_max * tiles_r2
+    common = dict(BM=bm, MXFP4=mxfp4, DEQUANT=cfg.dequant, INTERPRET=interp, DOT_PREC=prec)
+    if grid1 > 0:
+        l1_kernel[(grid1,)](
+            z, w13, w13s, sorted_pairs, block_expert, act,
+            latent, inter, top_k, s13_e, s13_n, s13s_e, s13s_n,
+            x_s, w1_s, w3_s, act_s, hidden, inter_s, m_s,
+            sh_l1, tiles_r1, triton.cdiv(inter_s, cfg.l1.bn), float(beta), float(lin_beta),
+            BN=cfg.l1.bn, BK=cfg.l1.bk, num_warps=cfg.l1.num_warps, num_stages=cfg.l1.num_stages, **common,
+        )
+    if grid2 > 0:
+        l2_kernel[(grid2,)](
+            act, w2, w2s, sorted_pairs, block_expert, pairs,
+            latent, inter, s2_e, s2_n, s2s_e, s2s_n,
+            act_s, w2_s, s_out, hidden, inter_s, m_s,
+            sh_l2, tiles_r2, triton.cdiv(hidden, cfg.l2.bn),
+            BN=cfg.l2.bn, BK=cfg.l2.bk, num_warps=cfg.l2.num_warps, num_stages=cfg.l2.num_stages, **common,
+        )
+    launch_combine(pairs, topk_ids, topk_weights, y, rms_weight, eps)
+    return y

@@ -1,0 +1,96 @@
+"""Device-side token -> expert grouping for the grouped expert GEMMs (no host sync, capture-safe).
+
+The (token, slot) pairs of `topk_ids` [M, K] are grouped by expert into blocks of BM rows:
+  sorted_pairs  int32 [NB_MAX * BM]  pair index t*K + j of each row, -1 in the padding rows
+  block_expert  int32 [NB_MAX]       expert of each block, -1 for the blocks past the last used one
+NB_MAX is a host-side bound that depends only on (M, K, E, BM), so every grid is static:
+sum_e ceil(c_e / BM) <= floor(P / BM) + (number of experts hit) with P = M * K pairs.
+
+One program does it all: a histogram of the ids, block offsets by a prefix sum, then each pair
+takes a row in its expert's range with an atomic counter. The rank an atomic hands out varies run
+to run, but only the row a pair lands on changes: every row of a GEMM is computed the same way
+wherever it sits in the tile, and the combine sums slots in a fixed order, so outputs are bitwise
+deterministic. ids < 0 (experts on other ranks) get no row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class Grouping:
+    sorted_pairs: torch.Tensor  # int32 [nb_max * block_m]
+    block_expert: torch.Tensor  # int32 [nb_max]
+    nb_max: int
+    block_m: int
+
+
+def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """Upper bound on the number of BM-row blocks any routing of `num_pairs` pairs can need."""
+    return max(1, num_pairs // block_m + min(num_experts, num_pairs))
+
+
+@triton.jit(do_not_specialize=["num_pairs", "nb_max"])
+def _align_kernel(
+    ids_ptr, sorted_ptr, block_expert_ptr, start_ptr, count_ptr,
+    num_pairs, num_experts, nb_max,
+    BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr, NB_CHUNK: tl.constexpr,
+):
+    experts = tl.arange(0, E_PAD)
+    # 1. pairs per expert
+    counts = tl.zeros([E_PAD], dtype=tl.int32)
+    for p0 in range(0, num_pairs, CHUNK):
+        offs = p0 + tl.arange(0, CHUNK)
+        ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1)
+        valid = (ids >= 0) & (ids < num_experts)
+        counts += tl.histogram(tl.where(valid, ids, 0), E_PAD, mask=valid)
+    # 2. block ranges per expert
+    nblk = (counts + BM - 1) // BM
+    blk_end = tl.cumsum(nblk, 0)
+    blk_start = blk_end - nblk
+    tl.store(start_ptr + experts, blk_start)
+    tl.store(count_ptr + experts, tl.zeros([E_PAD], dtype=tl.int32))
+    # Expert of each block: the number of experts whose range ends at or before the block.
+    total = tl.sum(nblk, 0)
+    for b0 in range(0, nb_max, NB_CHUNK):
+        blocks = b0 + tl.arange(0, NB_CHUNK)
+        owner = tl.sum((blk_end[None, :] <= blocks[:, None]).to(tl.int32), 1)
+        owner = tl.where(blocks < total, owner, -1)
+        tl.store(block_expert_ptr + blocks, owner, mask=blocks < nb_max)
+    for r0 in range(0, nb_max * BM, CHUNK):
+        rows = r0 + tl.arange(0, CHUNK)
+        tl.store(sorted_ptr + rows, tl.full([CHUNK], -1, tl.int32), mask=rows < nb_max * BM)
+    tl.debug_barrier()  # the fills and counters above are visible to every thread below
+    # 3. each valid pair takes the next free row of its expert
+    for p0 in range(0, num_pairs, CHUNK):
+        offs = p0 + tl.arange(0, CHUNK)
+        ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1)
+        valid = (offs < num_pairs) & (ids >= 0) & (ids < num_experts)
+        key = tl.where(valid, ids, 0)
+        rank = tl.atomic_add(count_ptr + key, 1, mask=valid, sem="relaxed")
+        start = tl.load(start_ptr + key, mask=valid, other=0)
+        tl.store(sorted_ptr + start * BM + rank, offs, mask=valid)
+
+
+def group_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Grouping:
+    """Group the pairs of topk_ids [M, K] (int32, contiguous) by expert, padded to block_m rows."""
+    num_pairs = topk_ids.numel()
+    nb_max = max_blocks(num_pairs, num_experts, block_m)
+    dev = topk_ids.device
+    e_pad = triton.next_power_of_2(num_experts)
+    sorted_pairs = torch.empty(nb_max * block_m, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(nb_max, dtype=torch.int32, device=dev)
+    scratch = torch.empty(2 * e_pad, dtype=torch.int32, device=dev)
+    chunk = min(1024, max(16, triton.next_power_of_2(num_pairs)))
+    _align_kernel[(1,)](
+        topk_ids, sorted_pairs, block_expert, scratch, scratch[e_pad:],
+        num_pairs, num_experts, nb_max,
+        BM=block_m, E_PAD=e_pad, CHUNK=chunk, NB_CHUNK=min(64, triton.next_power_of_2(nb_max)),
+        num_warps=4,
+    )
+    return Grouping(sorted_pairs, block_expert, nb_max, block_m)

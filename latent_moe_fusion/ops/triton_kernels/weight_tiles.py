@@ -1,0 +1,189 @@
+"""Weight tiles for the expert GEMMs: BF16/FP32 loads and MXFP4 dequantisation in the load path.
+
+Hopper has no FP4 MMA, so an MXFP4 tile [BN, BK] is loaded packed (uint8 [BN, BK/2], low nibble
+= even k) with its E8M0 scales (uint8 [BN, BK/32]) and expanded to the activation dtype right
+before tl.dot. Decode streams each weight byte once, so the expansion's instruction count per
+element bounds the speed; three variants exist (chosen by DEQUANT):
+  DEQUANT_TRITON      portable bit arithmetic in FP32 (also runs under TRITON_INTERPRET=1);
+  DEQUANT_ASM         PTX on 32-bit words: 8 codes -> 4 bf16x2 with prmt/shift/and and two
+                      exact bf16x2 multiplies (2^126 bias, then the block scale);
+  DEQUANT_DOT_SCALED  tl.dot_scaled(e2m1 x bf16): Triton's own upcast (GPU only).
+All three give the exact value e2m1 * 2^(s - 127). The only corner they round differently from the
+reference: E8M0 byte 0 (2^-127) is taken as 0 by the ASM path and may flush in the others.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+DEQUANT_TRITON = 0
+DEQUANT_ASM = 1
+DEQUANT_DOT_SCALED = 2
+
+
+@triton.jit
+def e2m1_to_fp32(codes):
+    """uint8 4-bit codes -> FP32 values (sign bit 3, magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6)."""
+    mag = (codes & 7).to(tl.uint32)
+    # mag = 2e + m with e >= 1 is 2^(e-1) * (1 + m/2): exponent field e + 126, mantissa bit m.
+    bits = (mag + 252) << 22
+    bits = tl.where(mag == 1, 0x3F000000, bits)  # 0.5
+    bits = tl.where(mag == 0, 0, bits)
+    bits = bits | ((codes.to(tl.uint32) & 8) << 28)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e8m0_to_fp32(scales):
+    """uint8 E8M0 -> FP32 2^(s - 127) (byte 0 gives the subnormal 2^-127)."""
+    s = scales.to(tl.uint32)
+    bits = tl.where(s == 0, 0x00400000, s << 23)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dequant_triton(packed, scales, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.constexpr):
+    codes = tl.join(packed & 15, packed >> 4).reshape(BN, BK)
+    values = e2m1_to_fp32(codes).reshape(BN, BK // 32, 32)
+    values = values * e8m0_to_fp32(scales)[:, :, None]
+    return values.reshape(BN, BK).to(DTYPE)
+
+
+@triton.jit
+def _fp4_bytes_to_bf16_asm(packed, scales):
+    """Per packed byte: (low-nibble value, high-nibble value) in bf16, times 2^(scale byte - 127).
+
+    Works on 4 bytes per 32-bit register. For bytes b0, b1 the word t = b0 << 8 | b1 << 24 holds the
+    low nibbles at bits 8-11 / 24-27 and the high ones at 12-15 / 28-31; bf16 bits
+    sign << 15 | (code & 7) << 6 are the e2m1 value times 2^-126 (subnormal for code 1), fixed by an
+    exact bf16x2 multiply by 2^126, then by the block scale (bf16 bits s << 7).
+    """
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 z, bias, t, sc, x, y;
+        mov.b32 z, 0;
+        mov.b32 bias, 0x7E807E80;
+        prmt.b32 t, $4, z, 0x1404;
+        prmt.b32 sc, $5, z, 0x4140;
+        shl.b32 sc, sc, 7;
+        shr.b32 x, t, 2;
+        and.b32 x, x, 0x01C001C0;
+        shl.b32 y, t, 4;
+        and.b32 y, y, 0x80008000;
+        or.b32 x, x, y;
+        mul.rn.bf16x2 x, x, bias;
+        mul.rn.bf16x2 $0, x, sc;
+        shr.b32 x, t, 6;
+        and.b32 x, x, 0x01C001C0;
+        and.b32 y, t, 0x80008000;
+        or.b32 x, x, y;
+        mul.rn.bf16x2 x, x, bias;
+        mul.rn.bf16x2 $2, x, sc;
+        prmt.b32 t, $4, z, 0x3424;
+        prmt.b32 sc, $5, z, 0x4342;
+        shl.b32 sc, sc, 7;
+        shr.b32 x, t, 2;
+        and.b32 x, x, 0x01C001C0;
+        shl.b32 y, t, 4;
+        and.b32 y, y, 0x80008000;
+        or.b32 x, x, y;
+        mul.rn.bf16x2 x, x, bias;
+        mul.rn.bf16x2 $1, x, sc;
+        shr.b32 x, t, 6;
+        and.b32 x, x, 0x01C001C0;
+        and.b32 y, t, 0x80008000;
+        or.b32 x, x, y;
+        mul.rn.bf16x2 x, x, bias;
+        mul.rn.bf16x2 $3, x, sc;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r,r",
+        args=[packed, scales],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def _dequant_asm(packed, scales, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.constexpr):
+    # One scale byte per packed byte (16 packed bytes share a block scale).
+    s = tl.broadcast_to(scales[:, :, None], (BN, BK // 32, 16)).reshape(BN, BK // 2)
+    lo, hi = _fp4_bytes_to_bf16_asm(packed, s)
+    return tl.join(lo, hi).reshape(BN, BK).to(DTYPE)
+
+
+@triton.jit
+def load_weight_tile(
+    w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s,
+    BN: tl.constexpr, BK: tl.constexpr, MXFP4: tl.constexpr, DEQUANT: tl.constexpr, DTYPE: tl.constexpr,
+):
+    """Rows `rows` [BN], columns k0..k0+BK of one expert's weight, as a [BN, BK] tile in DTYPE."""
+    if MXFP4:
+        kb = k0 // 2 + tl.arange(0, BK // 2)
+        packed = tl.load(w_ptr + rows[:, None] * stride_w + kb[None, :], mask=row_mask[:, None], other=0)
+        ks = k0 // 32 + tl.arange(0, BK // 32)
+        scales = tl.load(s_ptr + rows[:, None] * stride_s + ks[None, :], mask=row_mask[:, None], other=127)
+        if DEQUANT == DEQUANT_ASM:
+            tile = _dequant_asm(packed, scales, BN, BK, DTYPE)
+        else:
+            tile = _dequant_triton(packed, scales, BN, BK, DTYPE)
+    else:
+        kk = k0 + tl.arange(0, BK)
+        tile = tl.load(w_ptr + rows[:, None] * stride_w + kk[None, :], mask=row_mask[:, None], other=0.0)
+    return tile
+
+
+@triton.jit
+def load_packed_tile(w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s, BK: tl.constexpr):
+    """Packed MXFP4 tile and its scales as stored (for tl.dot_scaled)."""
+    kb = k0 // 2 + tl.arange(0, BK // 2)
+    packed = tl.load(w_ptr + rows[:, None] * stride_w + kb[None, :], mask=row_mask[:, None], other=0)
+    ks = k0 // 32 + tl.arange(0, BK // 32)
+    scales = tl.load(s_ptr + rows[:, None] * stride_s + ks[None, :], mask=row_mask[:, None], other=127)
+    return packed, scales
+
+
+@triton.jit
+def mma(w, a, acc, INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr):
+    """acc + w @ a with FP32 accumulation."""
+    if INTERPRET:
+        # tl.dot on bf16 operands is wrong under the interpreter (triton issue 11584).
+        return tl.dot(w.to(tl.float32), a.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(w, a, acc, input_precision=DOT_PREC)
+
+
+@triton.jit
+def weight_step(
+    w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s, a, acc,
+    BN: tl.constexpr, BK: tl.constexpr, MXFP4: tl.constexpr, DEQUANT: tl.constexpr,
+    INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """acc + W[rows, k0:k0+BK] @ a, a [BK, BM] in the activation dtype."""
+    if MXFP4 and DEQUANT == DEQUANT_DOT_SCALED:
+        packed, scales = load_packed_tile(w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s, BK)
+        return tl.dot_scaled(packed, scales, "e2m1", a, None, "bf16", acc, fast_math=True)
+    else:
+        w = load_weight_tile(w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s, BN, BK, MXFP4, DEQUANT, a.dtype)
+        return mma(w, a, acc, INTERPRET, DOT_PREC)
+
+
+def dot_precision(is_fp32: bool) -> str | None:
+    """FP32 models are checked tightly: full-precision FP32 dots instead of TF32."""
+    return "ieee" if is_fp32 else None
+
+
+__all__ = [
+    "DEQUANT_ASM",
+    "DEQUANT_DOT_SCALED",
+    "DEQUANT_TRITON",
+    "dot_precision",
+    "e2m1_to_fp32",
+    "e8m0_to_fp32",
+    "load_weight_tile",
+    "mma",
+    "weight_step",
+]

@@ -1,0 +1,57 @@
+"""Triton moe_shared_producer at tiny sizes (TRITON_INTERPRET=1 on CPU, native on a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from latent_moe_fusion.ops.backends import backends_for
+from latent_moe_fusion.ops.triton_kernels import producer as producer_backend
+from latent_moe_fusion.ops.triton_kernels import routed as routed_backend
+from latent_moe_fusion.ops.triton_kernels.expert_schedule import SharedExpert, run_experts
+from tests.expert_problems import make_problem, rel_l2, tolerance
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SIZES = dict(latent=64, inter=32, num_experts=8, top_k=4, hidden=64, inter_s=32)
+
+
+@pytest.mark.parametrize(
+    "weight_format,dtype,routing",
+    [("bf16", torch.bfloat16, "random"), ("mxfp4", torch.bfloat16, "few_experts"), ("bf16", torch.float32, "random")],
+)
+def test_producer_matches_reference(weight_format, dtype, routing, rng_seed):
+    p = make_problem(11, weight_format=weight_format, dtype=dtype, routing=routing, device=DEVICE, **SIZES)
+    y_out = torch.full_like(p.z, float("nan"))
+    s_out = torch.full_like(p.x_s, float("nan"))
+    shared = SharedExpert(p.x_s, p.w1_s, p.w3_s, p.w2_s, s_out)
+    y_n = run_experts(*p.routed_args(), rms_weight=p.rms_weight, eps=1e-5, shared=shared, out=y_out)
+    ref_y, ref_s = p.reference_producer()
+    assert rel_l2(y_n, ref_y) < tolerance(dtype)
+    assert rel_l2(s_out, ref_s) < tolerance(dtype)
+
+
+def test_producer_backend_layouts_on_one_rank(rng_seed):
+    p = make_problem(6, device=DEVICE, **SIZES)
+    ref_y, ref_s = p.reference_producer()
+    shapes = {"local": (1, 6, 64), "token_publish": (6, 1, 64), "hidden_scatter": (1, 6, 64)}
+    for mode, shape in shapes.items():
+        y_n, ws = producer_backend.moe_shared_producer_triton(*p.producer_args(mode))
+        assert tuple(ws.shape) == shape
+        assert rel_l2(y_n, ref_y) < tolerance(torch.bfloat16)
+        assert rel_l2(ws.reshape(6, 64), ref_s) < tolerance(torch.bfloat16)
+
+
+def test_backends_registered_for_cuda():
+    for op in ("routed_experts", "moe_shared_producer"):
+        (triton_backend,) = [b for b in backends_for(op) if b.name == "triton"]
+        assert triton_backend.priority == 10 and triton_backend.device_types == ("cuda",)
+
+
+def test_supports_names_the_problem():
+    p = make_problem(4, device="cpu", **SIZES)
+    assert routed_backend._supports(*p.routed_args()) is None
+    assert producer_backend._supports(*p.producer_args()) is None
+    odd = make_problem(4, latent=40, inter=32, num_experts=8, top_k=4, hidden=64, inter_s=32)
+    assert "multiples of 16" in routed_backend._supports(*odd.routed_args())
+    odd_shared = make_problem(4, latent=64, inter=32, num_experts=8, top_k=4, hidden=72, inter_s=32)
+    assert "H = 72" in producer_backend._supports(*odd_shared.producer_args())
