@@ -11,7 +11,7 @@ import torch
 
 from latent_moe_fusion.ops import latent_tail
 from latent_moe_fusion.ops.triton_kernels import tail
-from latent_moe_fusion.ops.triton_kernels.tail_configs import BF16_TABLE, FP32_TABLE
+from latent_moe_fusion.ops.triton_kernels.tail_configs import BF16_TABLE, FP32_TABLE, TailConfig
 
 pytestmark = pytest.mark.gpu
 
@@ -78,6 +78,25 @@ def test_every_table_config_at_kimi_sizes(table, rng_seed):
         a = torch.randn(m, 3584, dtype=dtype, device="cuda")
         frags = torch.randn(m, 8, 7168, dtype=dtype, device="cuda").transpose(0, 1)  # R = 8, strided
         _run_checked(a, w, frags, BF16_TOL if dtype == torch.bfloat16 else FP32_TOL, config=cfg)
+
+
+# Every kernel variant (not only those in the table), each with an odd M and R = 8 strided fragments.
+VARIANTS = [
+    TailConfig("swap", 16, 64, 128, split_k=4),
+    TailConfig("swap_tma", 16, 64, 128, split_k=2),
+    TailConfig("swap_tma", 64, 128, 64, num_warps=8, split_k=1),
+    TailConfig("tile", 128, 256, 64, num_warps=8, persistent=True),
+    TailConfig("tile_tma", 64, 128, 64, num_warps=4, num_stages=4, persistent=True),
+]
+
+
+@pytest.mark.parametrize("cfg", VARIANTS, ids=lambda c: c.label())
+def test_every_kernel_variant(cfg, rng_seed):
+    m = 13 if cfg.kernel.startswith("swap") else 301
+    a = torch.randn(m, 3584, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(7168, 3584, dtype=torch.bfloat16, device="cuda")
+    frags = torch.randn(m, 8, 7168, dtype=torch.bfloat16, device="cuda").transpose(0, 1)
+    _run_checked(a, w, frags, BF16_TOL, config=cfg)
 
 
 @pytest.mark.parametrize("mode", ["local", "token_publish", "hidden_scatter"])

@@ -25,6 +25,8 @@ SMALL = {
     "swap": TailConfig("swap", 16, 16, 32),
     "swap_split2": TailConfig("swap", 16, 16, 32, split_k=2),
     "swap_split3": TailConfig("swap", 32, 32, 16, split_k=3),
+    "swap_tma": TailConfig("swap_tma", 16, 16, 32),
+    "swap_tma_split2": TailConfig("swap_tma", 16, 32, 16, split_k=2),
     "tile": TailConfig("tile", 16, 32, 32, group_m=2),
     "tile_persistent": TailConfig("tile", 16, 16, 32, group_m=2, persistent=True),
     "tile_tma": TailConfig("tile_tma", 16, 32, 32, group_m=2),
@@ -64,11 +66,12 @@ def _check(name: str, m: int, n: int, k: int, r: int, dtype: torch.dtype, layout
 @pytest.mark.parametrize("name", list(SMALL))
 def test_kernel_matches_float64(name, rng_seed):
     # Odd M, N and K: partial tiles everywhere, K tails masked.
-    _check(name, m=5 if name.startswith("swap") and SMALL[name].block_m == 16 else 19, n=45, k=70, r=3,
+    # (K = 72 keeps the descriptors' 16-byte row alignment; the pointer kernels also see a K tail.)
+    _check(name, m=5 if name.startswith("swap") and SMALL[name].block_m == 16 else 19, n=45, k=72, r=3,
            dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("name", ["swap", "swap_split2", "tile"])
+@pytest.mark.parametrize("name", ["swap", "swap_split2", "swap_tma_split2", "tile"])
 def test_token_publish_strided_fragments(name, rng_seed):
     _check(name, m=7, n=48, k=64, r=2, dtype=torch.bfloat16, layout="token_publish")
 
@@ -123,7 +126,7 @@ def test_config_table_covers_every_m():
         assert bounds == sorted(bounds)
         for m in (1, 2, 3, 16, 17, 100, 128, 129, 4096, 100_000):
             cfg = table_config(m, fp32)
-            assert cfg.kernel != "swap" or cfg.block_m >= m
+            assert not cfg.kernel.startswith("swap") or cfg.block_m >= m
     # Narrow N (a hidden_scatter slice) raises split-K; the Kimi width does not.
     wide = pick_config(8, 7168, 3584, False, 132)
     assert wide == table_config(8, False)

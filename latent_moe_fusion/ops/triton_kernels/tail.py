@@ -22,7 +22,7 @@ from ..layouts import fragments_as_rmn, gather_columns, group_rank, group_size
 from .tail_configs import TailConfig, pick_config
 
 try:
-    from .tail_kernels import tail_swap_kernel, tail_tile_kernel, tail_tile_tma_kernel
+    from .tail_kernels import tail_swap_kernel, tail_swap_tma_kernel, tail_tile_kernel, tail_tile_tma_kernel
 
     _IMPORT_ERROR: str | None = None
 except Exception as exc:  # pragma: no cover - depends on the installation
@@ -102,7 +102,7 @@ def tail_fused(
     dot_fp32, precision = _dot_mode(a.dtype)
     frag_strides = frags.stride()
     out_strides = out.stride()
-    if config.kernel == "swap":
+    if config.kernel in ("swap", "swap_tma"):
         if config.block_m < m:
             raise ValueError(f"swap config {config.label()} serves M <= {config.block_m}, got M = {m}")
         split = config.split_k
@@ -113,14 +113,26 @@ def tail_fused(
             counters = _counters(a.device, tiles)
         else:
             part, counters = out, out  # unused by the SPLIT_K == 1 specialisation
+        meta = dict(
+            R=r, BLOCK_N=config.block_n, BLOCK_M=config.block_m, BLOCK_K=config.block_k, SPLIT_K=split,
+            FRAG_GROUP=_frag_group(config, r), DOT_FP32=dot_fp32, PRECISION=precision,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )
+        if config.kernel == "swap_tma" and _tma_ok(a, w):
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            a_desc = TensorDescriptor.from_tensor(a, [config.block_m, config.block_k])
+            w_desc = TensorDescriptor.from_tensor(w, [config.block_n, config.block_k])
+            tail_swap_tma_kernel[(tiles, split)](
+                a_desc, w_desc, frags, out, part, counters, m, n, k, steps_per_split, *frag_strides, *out_strides,
+                **meta,
+            )
+            return out
         tail_swap_kernel[(tiles, split)](
             a, w, frags, out, part, counters,
             m, n, k, steps_per_split,
             a.stride(0), a.stride(1), w.stride(0), w.stride(1), *frag_strides, *out_strides,
-            R=r, BLOCK_N=config.block_n, BLOCK_M=config.block_m, BLOCK_K=config.block_k, SPLIT_K=split,
-            EVEN_K=k % config.block_k == 0, FRAG_GROUP=_frag_group(config, r),
-            DOT_FP32=dot_fp32, PRECISION=precision,
-            num_warps=config.num_warps, num_stages=config.num_stages,
+            EVEN_K=k % config.block_k == 0, **meta,
         )
         return out
     tiles = _cdiv(m, config.block_m) * _cdiv(n, config.block_n)

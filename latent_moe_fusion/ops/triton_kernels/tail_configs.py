@@ -12,29 +12,31 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class TailConfig:
-    kernel: str  # "swap" (decode, swap-AB) | "tile" (prefill, pointer loads) | "tile_tma" (prefill, descriptors)
+    kernel: str  # "swap" | "swap_tma" (decode, swap-AB) | "tile" | "tile_tma" (prefill); _tma: descriptor loads
     block_m: int
     block_n: int
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
-    split_k: int = 1  # swap only
+    split_k: int = 1  # swap kernels only
     group_m: int = 8  # tile kernels only
     persistent: bool = False  # tile kernels only: one program per SM looping over tiles
 
     def label(self) -> str:
-        extra = f"s{self.split_k}" if self.kernel == "swap" else ("p" if self.persistent else "g") + str(self.group_m)
+        extra = f"s{self.split_k}" if self.kernel.startswith("swap") else ("p" if self.persistent else "g") + str(self.group_m)
         return (f"{self.kernel}:{self.block_m}x{self.block_n}x{self.block_k}"
                 f"/w{self.num_warps}/st{self.num_stages}/{extra}")
 
 
 # (largest M of the bucket, config) for BF16; the first bucket with M <= bound serves M.
 BF16_TABLE: tuple[tuple[int, TailConfig], ...] = (
-    (16, TailConfig("swap", 16, 32, 256, num_warps=4, num_stages=4)),
-    (32, TailConfig("swap", 32, 64, 256, num_warps=4, num_stages=4, split_k=2)),
-    (64, TailConfig("swap", 64, 64, 128, num_warps=4, num_stages=4, split_k=2)),
-    (128, TailConfig("swap", 128, 128, 64, num_warps=8, num_stages=4, split_k=2)),
-    (1 << 62, TailConfig("tile", 128, 128, 64, num_warps=8, num_stages=3)),
+    (4, TailConfig("swap", 16, 64, 128, num_warps=4, num_stages=4, split_k=2)),
+    (16, TailConfig("swap", 16, 64, 128, num_warps=4, num_stages=4, split_k=2)),
+    (32, TailConfig("swap", 32, 64, 128, num_warps=4, num_stages=4, split_k=2)),
+    (64, TailConfig("swap", 64, 128, 64, num_warps=8, num_stages=4, split_k=2)),
+    (128, TailConfig("tile_tma", 128, 64, 64, num_warps=4, num_stages=4)),
+    (512, TailConfig("tile", 128, 256, 64, num_warps=8, num_stages=3)),
+    (1 << 62, TailConfig("tile_tma", 128, 256, 64, num_warps=8, num_stages=3)),
 )
 
 # float32 inputs use exact (ieee) fp32 dots: correctness, not speed, is the point of this path.
@@ -53,7 +55,7 @@ def table_config(m: int, fp32: bool) -> TailConfig:
 
 def fit_split_k(cfg: TailConfig, n: int, k: int, num_sms: int) -> TailConfig:
     """Raise split-K (powers of 2, K steps kept whole) while the swap grid covers fewer than half the SMs."""
-    if cfg.kernel != "swap":
+    if not cfg.kernel.startswith("swap"):
         return cfg
     tiles = -(-n // cfg.block_n)
     split = cfg.split_k

@@ -5,18 +5,19 @@ fragments; everything accumulates in fp32 and is rounded once when stored. The f
 to the matmul accumulator in the fixed order r = 0..R-1 (the association of ops/math.py::tail_math),
 so a given kernel configuration is bitwise deterministic run to run.
 
-Two kernels, chosen per M bucket by tail_configs.py:
-- `tail_swap_kernel` (decode, small M): swap-AB, the accumulator is out^T [BLOCK_N, BLOCK_M] so that
+Kernels, chosen per M bucket by tail_configs.py:
+- `tail_swap_kernel` / `tail_swap_tma_kernel` (decode, small M): swap-AB, the accumulator is out^T [BLOCK_N, BLOCK_M] so that
   the weight rows fill the matrix unit's wide side and M is padded only to 16. The grid tiles N
   (and optionally K: SPLIT_K > 1) so that every SM streams its share of W. Split-K partials go to
   an fp32 workspace; the last CTA of an N tile to arrive (an int32 counter, not fp32 atomics) sums
-  them in the order s = 0..SPLIT_K-1 and runs the epilogue, then resets its counter to 0.
+  them in the order s = 0..SPLIT_K-1 and runs the epilogue, then resets its counter to 0. The `_tma`
+  variant reads W and A through host-built tensor descriptors (Hopper's bulk copy engine).
 - `tail_tile_kernel` (prefill): an output-tiled, grouped-order, optionally persistent tl.dot kernel
   with the fragment reduction in the epilogue; the `_tma` variant reads A and W through host-built
   tensor descriptors (Hopper's bulk copy engine).
 
-Out-of-range rows are clamped (they re-read row M-1 / N-1 and are never stored) so that the main
-loops load without masks; K tails are masked only when K is not a multiple of the K step.
+Out-of-range W rows are clamped (they re-read row N-1 and are never stored) so that the main loops
+load W without masks; padded A rows of the swap kernel are masked (no traffic); K tails are masked only when K is not a multiple of the K step.
 `DOT_FP32` casts the dot operands to fp32: the interpreter's bf16 tl.dot is wrong (triton #11584).
 """
 
@@ -34,6 +35,31 @@ def _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R:
         for j in tl.static_range(GROUP):
             acc += tl.load(f_ptr + (r0 + j) * s_fr + f_offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swap_epilogue(
+    acc, offs_n, offs_m, pid_n, pid_k, f_ptr, out_ptr, part_ptr, count_ptr, M, N,
+    s_fr, s_fm, s_fn, s_om, s_on, R: tl.constexpr, SPLIT_K: tl.constexpr, FRAG_GROUP: tl.constexpr,
+):
+    mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
+    f_offs = offs_m[None, :] * s_fm + offs_n[:, None] * s_fn
+    o_offs = offs_m[None, :] * s_om + offs_n[:, None] * s_on
+    if SPLIT_K == 1:
+        _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP)
+    else:
+        p_offs = offs_m[None, :] * N + offs_n[:, None]
+        tl.store(part_ptr + pid_k * M * N + p_offs, acc, mask=mask)
+        # Every thread's partial is written before one thread publishes arrival (release, gpu scope).
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            # Last CTA of this N tile: fixed-order sum of the partials (L2 reads: .cg skips L1).
+            acc = tl.load(part_ptr + p_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT_K):
+                acc += tl.load(part_ptr + s * M * N + p_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch (and graph replay)
+            _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP)
 
 
 @triton.jit(do_not_specialize=["M", "steps_per_split"])
@@ -56,22 +82,22 @@ def tail_swap_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     rows_w = tl.minimum(offs_n, N - 1)
-    rows_a = tl.minimum(offs_m, M - 1)
+    in_m = (offs_m < M)[None, :]  # padded A rows are masked, not re-read: no extra L2 traffic at M < 16
     # K is walked in whole BLOCK_K steps so that the compiler sees 16-byte aligned, vectorisable loads.
     step_lo = pid_k * steps_per_split
     step_hi = tl.minimum(step_lo + steps_per_split, tl.cdiv(K, BLOCK_K))
     offs_k = step_lo * BLOCK_K + tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows_w[:, None] * s_wn + offs_k[None, :] * s_wk
-    a_ptrs = a_ptr + rows_a[None, :] * s_am + offs_k[:, None] * s_ak  # A^T tile [BLOCK_K, BLOCK_M]
+    a_ptrs = a_ptr + offs_m[None, :] * s_am + offs_k[:, None] * s_ak  # A^T tile [BLOCK_K, BLOCK_M]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for step in range(step_lo, step_hi):
         if EVEN_K:
             w = tl.load(w_ptrs)
-            a = tl.load(a_ptrs)
+            a = tl.load(a_ptrs, mask=in_m, other=0.0)
         else:
             in_k = (step * BLOCK_K + tl.arange(0, BLOCK_K)) < K
             w = tl.load(w_ptrs, mask=in_k[None, :], other=0.0)
-            a = tl.load(a_ptrs, mask=in_k[:, None], other=0.0)
+            a = tl.load(a_ptrs, mask=in_k[:, None] & in_m, other=0.0)
         if DOT_FP32:
             w = w.to(tl.float32)
             a = a.to(tl.float32)
@@ -79,24 +105,42 @@ def tail_swap_kernel(
         w_ptrs += BLOCK_K * s_wk
         a_ptrs += BLOCK_K * s_ak
 
-    mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
-    f_offs = offs_m[None, :] * s_fm + offs_n[:, None] * s_fn
-    o_offs = offs_m[None, :] * s_om + offs_n[:, None] * s_on
-    if SPLIT_K == 1:
-        _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP)
-    else:
-        p_offs = offs_m[None, :] * N + offs_n[:, None]
-        tl.store(part_ptr + pid_k * M * N + p_offs, acc, mask=mask)
-        # Every thread's partial is written before one thread publishes arrival (release, gpu scope).
-        tl.debug_barrier()
-        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
-            # Last CTA of this N tile: fixed-order sum of the partials (L2 reads: .cg skips L1).
-            acc = tl.load(part_ptr + p_offs, mask=mask, other=0.0, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT_K):
-                acc += tl.load(part_ptr + s * M * N + p_offs, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch (and graph replay)
-            _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP)
+    _swap_epilogue(acc, offs_n, offs_m, pid_n, pid_k, f_ptr, out_ptr, part_ptr, count_ptr, M, N,
+                   s_fr, s_fm, s_fn, s_om, s_on, R, SPLIT_K, FRAG_GROUP)
+
+
+@triton.jit(do_not_specialize=["M", "steps_per_split"])
+def tail_swap_tma_kernel(
+    a_desc, w_desc, f_ptr, out_ptr, part_ptr, count_ptr,
+    M, N, K, steps_per_split,
+    s_fr, s_fm, s_fn, s_om, s_on,
+    R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    FRAG_GROUP: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    # tail_swap_kernel with the W and A tiles fetched by the bulk copy engine; rows past M or N and
+    # the K tail are zero-filled by the descriptors and cost no memory traffic.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    step_lo = pid_k * steps_per_split
+    step_hi = tl.minimum(step_lo + steps_per_split, tl.cdiv(K, BLOCK_K))
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for step in range(step_lo, step_hi):
+        w = w_desc.load([pid_n * BLOCK_N, step * BLOCK_K])
+        a = a_desc.load([0, step * BLOCK_K])
+        if DOT_FP32:
+            w = w.to(tl.float32)
+            a = a.to(tl.float32)
+        acc = tl.dot(w, a.T, acc, input_precision=PRECISION)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    _swap_epilogue(acc, offs_n, offs_m, pid_n, pid_k, f_ptr, out_ptr, part_ptr, count_ptr, M, N,
+                   s_fr, s_fm, s_fn, s_om, s_on, R, SPLIT_K, FRAG_GROUP)
 
 
 @triton.jit
