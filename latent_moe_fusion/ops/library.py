@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import reference, triton_kernels  # noqa: F401  (importing registers the backends)
+from . import deepgemm, reference, triton_kernels  # noqa: F401  (importing registers the backends)
 from .backends import select_backend
 from .layouts import fragment_shape
 from .validation import (
