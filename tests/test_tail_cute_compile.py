@@ -87,3 +87,9 @@ def test_cpu_never_selects_cute():
 def test_importing_the_package_does_not_import_cutlass():
     code = "import sys, latent_moe_fusion; assert 'cutlass' not in sys.modules, 'cutlass imported eagerly'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_committed_choice_table_names_known_buckets_and_backends():
+    bounds = {bound for bound, _ in TABLE}
+    choice = tail_backend._load_choice(str(tail_backend.DEFAULT_CHOICE))
+    assert set(choice) <= bounds and set(choice.values()) <= {"cute", "triton"}

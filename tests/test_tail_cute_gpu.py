@@ -90,7 +90,8 @@ def test_op_path_forced_and_deterministic(monkeypatch, rng_seed):
     from latent_moe_fusion.ops.cute import tail_cute_fused
 
     monkeypatch.setenv("LMF_BACKEND_LATENT_TAIL", "cute")
-    y, w, ws, frags = _inputs(31, 1536, 512, 8, "token_publish")
+    # Without a process group the op takes R = 1 fragment ([M, 1, H] in token_publish).
+    y, w, ws, frags = _inputs(31, 1536, 512, 1, "token_publish")
     assert select_backend("latent_tail", "cuda", y, w, ws, "token_publish", None).name == "cute"
     first = torch.ops.lmf.latent_tail(y, w, ws, "token_publish")
     second = torch.ops.lmf.latent_tail(y, w, ws, "token_publish")
