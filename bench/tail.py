@@ -93,6 +93,17 @@ SWEEP: list[tuple[int, tuple[int, ...], list[TailConfig]]] = [
 ]
 
 
+# Decode variants explored after the table was fixed (--explore: timed, never adopted).
+EXPLORE: list[tuple[int, tuple[int, ...], list[TailConfig]]] = [
+    (16, (1, 16), [
+        _swap(16, 64, 128, w=8, st=5, s=2), _swap(16, 64, 128, st=6, s=2), _swap(16, 64, 128, st=7, s=2),
+        _swap(16, 32, 128, st=6, s=4), _swap(16, 64, 128, st=5, s=3), _swap(16, 64, 256, st=4, s=2),
+        _swap(16, 128, 128, w=8, st=4, s=2), _swap(16, 128, 64, w=8, st=8, s=2),
+        _swap(16, 64, 256, st=4, s=2, kernel="swap_tma"), _swap(16, 256, 64, w=8, st=8, s=4),
+    ]),
+]
+
+
 def floor_us(m: int, r: int, ceil: dict[str, float]) -> tuple[float, float]:
     elem = torch.finfo(DTYPE).bits // 8
     nbytes = (N * K + m * K + r * m * N + m * N) * elem
@@ -142,10 +153,11 @@ def check(out: torch.Tensor, ref: torch.Tensor) -> float:
     return rel_l2(out, ref)
 
 
-def sweep(weights: list[torch.Tensor], ceil: dict[str, float], out_dir: str, meta: dict) -> list:
+def sweep(weights: list[torch.Tensor], ceil: dict[str, float], out_dir: str, meta: dict,
+          buckets=SWEEP, name: str = "tail_sweep") -> list:
     """Time every candidate; returns the adopted table (bucket bound, fastest correct candidate)."""
     rows, table = [], []
-    for bound, ms, cands in SWEEP:
+    for bound, ms, cands in buckets:
         total = {cfg: 0.0 for cfg in cands}
         for m in ms:
             inputs = Inputs(m, 8, weights)
@@ -167,8 +179,8 @@ def sweep(weights: list[torch.Tensor], ceil: dict[str, float], out_dir: str, met
                       f"{row.get('error', '')}", flush=True)
             del inputs
         table.append((bound, min(cands, key=lambda c: total[c])))
-    write_results("tail_sweep", rows, ["M", "R", "config", "us", "floor_us", "x_floor", "err", "error"], meta, out_dir)
-    print("adopted table:")
+    write_results(name, rows, ["M", "R", "config", "us", "floor_us", "x_floor", "err", "error"], meta, out_dir)
+    print("fastest per bucket:")
     for bound, cfg in table:
         print(f"    ({bound}, {cfg!r}),")
     return table
@@ -231,6 +243,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     parser.add_argument("--sweep", action="store_true", help="also time the candidate configs (R = 8)")
     parser.add_argument("--adopt-sweep", action="store_true", help="bench with the sweep's winners as the table")
+    parser.add_argument("--explore", action="store_true", help="after the bench, time the EXPLORE variants")
+    parser.add_argument("--profile-one", type=int, default=0, help="only run the fused tail at this M, R = 8 (for ncu)")
     parser.add_argument("--no-bench", action="store_true", help="skip the main fused/unfused table")
     parser.add_argument("--jobs", type=int, default=8, help="processes that compile kernels ahead (0: none)")
     args = parser.parse_args()
@@ -240,7 +254,17 @@ def main() -> None:
         if args.sweep:
             rs = (8, 1) if args.adopt_sweep else (8,)
             jobs += [(cfg, ms[0], r) for r in rs for _, ms, cands in SWEEP for cfg in cands]
+        if args.explore:
+            jobs += [(cfg, ms[0], 8) for _, ms, cands in EXPLORE for cfg in cands]
         precompile(jobs, args.jobs)
+    if args.profile_one:
+        m = args.profile_one
+        a, w = torch.randn(m, K, device="cuda", dtype=DTYPE), torch.randn(N, K, device="cuda", dtype=DTYPE)
+        f = torch.randn(8, m, N, device="cuda", dtype=DTYPE)
+        for _ in range(3):
+            tail.tail_fused(a, w, f)
+        torch.cuda.synchronize()
+        return
     torch.manual_seed(0)
     meta = environment()
     ceil = measure_ceilings()
@@ -294,6 +318,8 @@ def main() -> None:
              "rotating L2-cold input sets; M >= 1024: CUDA events around back-to-back calls over rotating sets.")
     write_results("tail", rows, columns, meta, args.out, notes)
     plot(rows, Path(args.out) / "tail.png")
+    if args.explore:
+        sweep(weights, ceil, args.out, meta, buckets=EXPLORE, name="tail_explore")
 
 
 if __name__ == "__main__":

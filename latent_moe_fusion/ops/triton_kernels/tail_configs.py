@@ -30,12 +30,11 @@ class TailConfig:
 
 # (largest M of the bucket, config) for BF16; the first bucket with M <= bound serves M.
 BF16_TABLE: tuple[tuple[int, TailConfig], ...] = (
-    (4, TailConfig("swap", 16, 64, 128, num_warps=4, num_stages=4, split_k=2)),
+    (4, TailConfig("swap", 16, 64, 128, num_warps=4, num_stages=5, split_k=2)),
     (16, TailConfig("swap", 16, 64, 128, num_warps=4, num_stages=4, split_k=2)),
     (32, TailConfig("swap", 32, 64, 128, num_warps=4, num_stages=4, split_k=2)),
-    (64, TailConfig("swap", 64, 128, 64, num_warps=8, num_stages=4, split_k=2)),
-    (128, TailConfig("tile_tma", 128, 64, 64, num_warps=4, num_stages=4)),
-    (512, TailConfig("tile", 128, 256, 64, num_warps=8, num_stages=3)),
+    (128, TailConfig("tile_tma", 64, 64, 64, num_warps=4, num_stages=6)),
+    (512, TailConfig("tile_tma", 64, 128, 64, num_warps=4, num_stages=4)),
     (1 << 62, TailConfig("tile_tma", 128, 256, 64, num_warps=8, num_stages=3)),
 )
 
