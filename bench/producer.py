@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -28,7 +28,7 @@ from latent_moe_fusion.ops.triton_kernels.combine import launch_combine
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import SharedExpert, run_experts
 from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert
 from latent_moe_fusion.ops.triton_kernels.producer_config import GemmTiles, ProducerConfig, pick_config
-from latent_moe_fusion.ops.triton_kernels.weight_tiles import DEQUANT_ASM, DEQUANT_DOT_SCALED, DEQUANT_TRITON
+from latent_moe_fusion.ops.triton_kernels.weight_tiles import DEQUANT_ASM, DEQUANT_ASM_PAIRS, DEQUANT_DOT_SCALED
 
 GLOBAL_EXPERTS, LOCAL_EXPERTS, TOP_K, EP = 896, 112, 16, 8
 LATENT, INTER, HIDDEN, INTER_S = 3584, 3072, 7168, 768
@@ -156,7 +156,7 @@ def decode_candidates(fmt: str) -> dict[str, ProducerConfig]:
         "d128x64w8": ProducerConfig(16, GemmTiles(128, 64, 8, 4), GemmTiles(128, 64, 8, 4), d),
     }
     if fmt == "mxfp4":
-        c["d64x128_triton"] = ProducerConfig(16, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), DEQUANT_TRITON)
+        c["d64x128_pairs"] = ProducerConfig(16, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), DEQUANT_ASM_PAIRS)
         c["d64x128_dotscaled"] = ProducerConfig(16, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4),
                                                 DEQUANT_DOT_SCALED)
     return c
@@ -168,6 +168,11 @@ def prefill_candidates(fmt: str) -> dict[str, ProducerConfig]:
     if fmt == "bf16":
         c["p128_64x64_l2_256"] = ProducerConfig(128, GemmTiles(64, 64, 4, 4), GemmTiles(256, 64, 8, 3), d)
     return c
+
+
+def config_name(c: ProducerConfig) -> str:
+    return (f"bm{c.bm} l1:{c.l1.bn}x{c.l1.bk}w{c.l1.num_warps}s{c.l1.num_stages} "
+            f"l2:{c.l2.bn}x{c.l2.bk}w{c.l2.num_warps}s{c.l2.num_stages} dq{c.dequant}")
 
 
 def graph_us(fn, n_sets) -> float:
@@ -262,7 +267,9 @@ def main() -> None:
         phase = "decode" if m in DECODE_M else "prefill"
         stock = _measure_stock(cases[(m, "bf16")], weights["bf16"], log)
         for fmt in ("bf16", "mxfp4"):
-            cfg = chosen.get((phase, fmt)) or pick_config(m * TOP_K, fmt, DT)
+            cfg = pick_config(m * TOP_K, fmt, DT, LOCAL_EXPERTS)
+            if (phase, fmt) in chosen:  # the sweep's tiles, with the block rows the batch needs
+                cfg = replace(chosen[(phase, fmt)], bm=cfg.bm)
             try:
                 row = _measure_row(cases[(m, fmt)], phase, cfg, stock, bw, rate, shared_bytes)
             except Exception as exc:  # keep the other rows
@@ -321,10 +328,9 @@ def _measure_row(case: Case, phase: str, cfg: ProducerConfig, stock: dict, bw: f
     act_bytes = m * (LATENT + HIDDEN) * 2 * 2 + m * TOP_K * 8 + LATENT * 2
     floor_us = (hit * expert_bytes(fmt) + shared_bytes + act_bytes) / bw * 1e6
     routed_flops = 2 * pairs * 3 * INTER * LATENT
-    names = decode_candidates(fmt) | prefill_candidates(fmt)
     row = dict(
         phase=phase, M=m, format=fmt, experts_hit=round(hit, 1), pairs=round(pairs, 1),
-        config=next((n for n, c in names.items() if c == cfg), "default"),
+        config=config_name(cfg),
         fused_us=fused_us, unfused_stock_us=stock["unfused_us"], unfused_lmf_us=lmf_unfused_us,
         grouped_mm_us=stock["routed_us"], routed_triton_us=routed_us, floor_us=floor_us,
         fused_over_floor=fused_us / floor_us, speedup_vs_stock=stock["unfused_us"] / fused_us,

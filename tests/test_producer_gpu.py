@@ -8,7 +8,12 @@ import torch
 from latent_moe_fusion.ops.backends import select_backend
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import SharedExpert, run_experts
 from latent_moe_fusion.ops.triton_kernels.producer_config import GemmTiles, ProducerConfig, pick_config
-from latent_moe_fusion.ops.triton_kernels.weight_tiles import DEQUANT_ASM, DEQUANT_DOT_SCALED, DEQUANT_TRITON
+from latent_moe_fusion.ops.triton_kernels.weight_tiles import (
+    DEQUANT_ASM,
+    DEQUANT_ASM_PAIRS,
+    DEQUANT_DOT_SCALED,
+    DEQUANT_TRITON,
+)
 from tests.expert_problems import make_problem, rel_l2, tolerance
 
 pytestmark = pytest.mark.gpu
@@ -72,7 +77,7 @@ def test_kimi_rank_sizes(weight_format, rng_seed):
     assert rel_l2(s, ref_s) < tolerance(torch.bfloat16)
 
 
-@pytest.mark.parametrize("dequant", [DEQUANT_TRITON, DEQUANT_ASM, DEQUANT_DOT_SCALED])
+@pytest.mark.parametrize("dequant", [DEQUANT_TRITON, DEQUANT_ASM, DEQUANT_ASM_PAIRS, DEQUANT_DOT_SCALED])
 def test_mxfp4_dequant_variants(dequant, rng_seed):
     m = 5
     p = make_problem(m, weight_format="mxfp4", device="cuda", **MID)

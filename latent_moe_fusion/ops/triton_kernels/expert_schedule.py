@@ -37,10 +37,10 @@ def _weight_strides(w: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.
 
 
 def resolve_config(
-    z: torch.Tensor, num_pairs: int, weight_format: str, inter: int, shared: SharedExpert | None,
-    config: ProducerConfig | None,
+    z: torch.Tensor, num_pairs: int, num_experts: int, weight_format: str, inter: int,
+    shared: SharedExpert | None, config: ProducerConfig | None,
 ) -> ProducerConfig:
-    cfg = config or pick_config(num_pairs, weight_format, z.dtype)
+    cfg = config or pick_config(num_pairs, weight_format, z.dtype, num_experts)
     l1_k: tuple[int, ...] = (z.shape[1],)
     l2_k: tuple[int, ...] = (inter,)
     if shared is not None:
@@ -76,7 +76,7 @@ def run_experts(
     mxfp4 = weight_format == "mxfp4"
     inter = w2.shape[-1] * (2 if mxfp4 else 1)
     num_pairs = m * top_k
-    cfg = resolve_config(z, num_pairs, weight_format, inter, shared, config)
+    cfg = resolve_config(z, num_pairs, num_experts, weight_format, inter, shared, config)
     bm = cfg.bm
     interp = interpreting()
     prec = dot_precision(z.dtype == torch.float32)

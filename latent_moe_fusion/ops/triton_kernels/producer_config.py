@@ -52,7 +52,13 @@ def interpreting() -> bool:
 DECODE_PAIRS = 4096  # up to here (M * top_k) every expert holds few rows: stream weights with BM = 16
 
 
-def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype) -> ProducerConfig:
+def decode_block_m(num_pairs: int, num_experts: int) -> int:
+    """Rows per block so that most hit experts need one block (each block streams the expert again)."""
+    per_expert = num_pairs / max(1, min(num_experts, num_pairs))
+    return 16 if per_expert <= 12 else 32 if per_expert <= 24 else 64
+
+
+def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_experts: int = 1 << 30) -> ProducerConfig:
     if interpreting():
         # Few, wide programs: the interpreter's cost is per program and per nested jit call.
         return ProducerConfig(16, GemmTiles(64, 128, 4, 1), GemmTiles(64, 128, 4, 1), DEQUANT_TRITON)
@@ -60,7 +66,8 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype) -> Produ
     if dtype == torch.float32:
         return ProducerConfig(16, GemmTiles(32, 32, 4, 2), GemmTiles(32, 32, 4, 2), DEQUANT_TRITON)
     if num_pairs <= DECODE_PAIRS:
-        return ProducerConfig(16, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), dequant)
+        bm = decode_block_m(num_pairs, num_experts)
+        return ProducerConfig(bm, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), dequant)
     return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(128, 64, 8, 3), dequant)
 
 

@@ -20,6 +20,11 @@ import triton.language as tl
 DEQUANT_TRITON = 0
 DEQUANT_ASM = 1
 DEQUANT_DOT_SCALED = 2
+DEQUANT_ASM_PAIRS = 3
+# The same values as seen from inside @triton.jit code (globals there must be constexpr).
+_ASM = tl.constexpr(DEQUANT_ASM)
+_DOT_SCALED = tl.constexpr(DEQUANT_DOT_SCALED)
+_ASM_PAIRS = tl.constexpr(DEQUANT_ASM_PAIRS)
 
 
 @triton.jit
@@ -116,6 +121,69 @@ def _dequant_asm(packed, scales, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.c
 
 
 @triton.jit
+def _fp4_pairs_to_bf16_asm(packed):
+    """4 packed bytes -> 8 bf16 values in k order: first output (k0, k1, k2, k3), second (k4..k7).
+
+    L = w & 0x0F0F0F0F and H = (w >> 4) & 0x0F0F0F0F hold the even / odd codes of each byte; one
+    prmt puts byte i's even code in the low half-word and its odd code in the high one, so each
+    32-bit result is the bf16x2 pair (k = 2i, 2i + 1) and no register shuffle is needed after.
+    """
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 lo, hi, bias, r, x, y;
+        mov.b32 bias, 0x7E807E80;
+        and.b32 lo, $4, 0x0F0F0F0F;
+        shr.b32 hi, $4, 4;
+        and.b32 hi, hi, 0x0F0F0F0F;
+        prmt.b32 r, lo, hi, 0x5410;
+        shl.b32 x, r, 6;
+        and.b32 x, x, 0x01C001C0;
+        shl.b32 y, r, 12;
+        and.b32 y, y, 0x80008000;
+        or.b32 x, x, y;
+        mul.rn.bf16x2 $0, x, bias;
+        prmt.b32 r, lo, hi, 0x6521;
+        shl.b32 x, r, 6;
+        and.b32 x, x, 0x01C001C0;
+        shl.b32 y, r, 12;
+        and.b32 y, y, 0x80008000;
+        or.b32 x, x, y;
+        mul.rn.bf16x2 $1, x, bias;
+        prmt.b32 r, lo, hi, 0x7632;
+        shl.b32 x, r, 6;
+        and.b32 x, x, 0x01C001C0;
+        shl.b32 y, r, 12;
+        and.b32 y, y, 0x80008000;
+        or.b32 x, x, y;
+        mul.rn.bf16x2 $2, x, bias;
+        prmt.b32 r, lo, hi, 0x4703;
+        shl.b32 x, r, 6;
+        and.b32 x, x, 0x01C001C0;
+        shl.b32 y, r, 12;
+        and.b32 y, y, 0x80008000;
+        or.b32 x, x, y;
+        mul.rn.bf16x2 $3, x, bias;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r",
+        args=[packed],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def _dequant_asm_pairs(packed, scales, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.constexpr):
+    r0, r1 = _fp4_pairs_to_bf16_asm(packed)
+    w = tl.join(r0, r1).reshape(BN, BK // 8, 4, 2).permute(0, 1, 3, 2).reshape(BN, BK // 32, 32)
+    # E8M0 -> bf16 2^(s - 127) is the byte in the exponent field (0 -> 0, see the module note).
+    scale = (scales.to(tl.uint16) << 7).to(tl.bfloat16, bitcast=True)
+    return (w * scale[:, :, None]).reshape(BN, BK).to(DTYPE)
+
+
+@triton.jit
 def load_weight_tile(
     w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s,
     BN: tl.constexpr, BK: tl.constexpr, MXFP4: tl.constexpr, DEQUANT: tl.constexpr, DTYPE: tl.constexpr,
@@ -126,8 +194,10 @@ def load_weight_tile(
         packed = tl.load(w_ptr + rows[:, None] * stride_w + kb[None, :], mask=row_mask[:, None], other=0)
         ks = k0 // 32 + tl.arange(0, BK // 32)
         scales = tl.load(s_ptr + rows[:, None] * stride_s + ks[None, :], mask=row_mask[:, None], other=127)
-        if DEQUANT == DEQUANT_ASM:
+        if DEQUANT == _ASM:
             tile = _dequant_asm(packed, scales, BN, BK, DTYPE)
+        elif DEQUANT == _ASM_PAIRS:
+            tile = _dequant_asm_pairs(packed, scales, BN, BK, DTYPE)
         else:
             tile = _dequant_triton(packed, scales, BN, BK, DTYPE)
     else:
@@ -163,7 +233,7 @@ def weight_step(
     INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     """acc + W[rows, k0:k0+BK] @ a, a [BK, BM] in the activation dtype."""
-    if MXFP4 and DEQUANT == DEQUANT_DOT_SCALED:
+    if MXFP4 and DEQUANT == _DOT_SCALED:
         packed, scales = load_packed_tile(w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s, BK)
         return tl.dot_scaled(packed, scales, "e2m1", a, None, "bf16", acc, fast_math=True)
     else:
@@ -178,6 +248,7 @@ def dot_precision(is_fp32: bool) -> str | None:
 
 __all__ = [
     "DEQUANT_ASM",
+    "DEQUANT_ASM_PAIRS",
     "DEQUANT_DOT_SCALED",
     "DEQUANT_TRITON",
     "dot_precision",
