@@ -150,29 +150,35 @@ class StockCase:
 
 
 def decode_candidates(fmt: str) -> dict[str, ProducerConfig]:
-    d = DEQUANT_ASM
-    c = {
-        "d64x128": ProducerConfig(16, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), d),
-        "d128x64w8": ProducerConfig(16, GemmTiles(128, 64, 8, 4), GemmTiles(128, 64, 8, 4), d),
+    if fmt == "bf16":
+        return {"d64x128s4": ProducerConfig(16, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), DEQUANT_ASM)}
+    pairs, asm, dots = DEQUANT_ASM_PAIRS, DEQUANT_ASM, DEQUANT_DOT_SCALED
+    return {
+        "m64x128s3_pairs": ProducerConfig(16, GemmTiles(64, 128, 4, 3, 64), GemmTiles(64, 128, 4, 3, 64), pairs),
+        "m64x128s3_asm": ProducerConfig(16, GemmTiles(64, 128, 4, 3, 64), GemmTiles(64, 128, 4, 3, 64), asm),
+        "m64x128s3_dotscaled": ProducerConfig(16, GemmTiles(64, 128, 4, 3, 64), GemmTiles(64, 128, 4, 3, 64), dots),
+        "m128x128w8_pairs": ProducerConfig(16, GemmTiles(128, 128, 8, 3, 32), GemmTiles(128, 128, 8, 3, 32), pairs),
+        "m64x128s4k32_pairs": ProducerConfig(16, GemmTiles(64, 128, 4, 4, 32), GemmTiles(64, 128, 4, 4, 32), pairs),
     }
-    if fmt == "mxfp4":
-        c["d64x128_pairs"] = ProducerConfig(16, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), DEQUANT_ASM_PAIRS)
-        c["d64x128_dotscaled"] = ProducerConfig(16, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4),
-                                                DEQUANT_DOT_SCALED)
-    return c
 
 
 def prefill_candidates(fmt: str) -> dict[str, ProducerConfig]:
-    d = DEQUANT_ASM
-    c = {"p128_128x64": ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(128, 64, 8, 3), d)}
+    d = DEQUANT_ASM_PAIRS
+    c = {
+        "p128_128x64s3": ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(128, 64, 8, 3), d),
+        "p128_128x64s4": ProducerConfig(128, GemmTiles(128, 64, 8, 4), GemmTiles(128, 64, 8, 4), d),
+    }
     if fmt == "bf16":
-        c["p128_64x64_l2_256"] = ProducerConfig(128, GemmTiles(64, 64, 4, 4), GemmTiles(256, 64, 8, 3), d)
+        c["p128_l2_256"] = ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(256, 64, 8, 3), d)
+        c["p64_128x64"] = ProducerConfig(64, GemmTiles(128, 64, 4, 3), GemmTiles(128, 64, 4, 3), d)
     return c
 
 
 def config_name(c: ProducerConfig) -> str:
-    return (f"bm{c.bm} l1:{c.l1.bn}x{c.l1.bk}w{c.l1.num_warps}s{c.l1.num_stages} "
-            f"l2:{c.l2.bn}x{c.l2.bk}w{c.l2.num_warps}s{c.l2.num_stages} dq{c.dequant}")
+    def tiles(t: GemmTiles) -> str:
+        return f"{t.bn}x{t.bk}w{t.num_warps}s{t.num_stages}" + (f"k{t.bk_shared}" if t.bk_shared else "")
+
+    return f"bm{c.bm} l1:{tiles(c.l1)} l2:{tiles(c.l2)} dq{c.dequant}"
 
 
 def graph_us(fn, n_sets) -> float:

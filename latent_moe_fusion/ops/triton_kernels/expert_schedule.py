@@ -41,12 +41,8 @@ def resolve_config(
     shared: SharedExpert | None, config: ProducerConfig | None,
 ) -> ProducerConfig:
     cfg = config or pick_config(num_pairs, weight_format, z.dtype, num_experts)
-    l1_k: tuple[int, ...] = (z.shape[1],)
-    l2_k: tuple[int, ...] = (inter,)
-    if shared is not None:
-        l1_k += (shared.x_s.shape[1],)
-        l2_k += (shared.w1_s.shape[0],)
-    return cfg.with_k_dims(l1_k, l2_k, weight_format == "mxfp4")
+    shared_k = None if shared is None else (shared.x_s.shape[1], shared.w1_s.shape[0])
+    return cfg.with_k_dims((z.shape[1], inter), shared_k, weight_format == "mxfp4")
 
 
 def run_experts(
@@ -120,7 +116,7 @@ def run_experts(
             latent, inter, top_k, s13_e, s13_n, s13s_e, s13s_n,
             x_s, w1_s, w3_s, act_s, hidden, inter_s, m_s,
             sh_l1, tiles_r1, triton.cdiv(inter_s, cfg.l1.bn), float(beta), float(lin_beta),
-            BN=cfg.l1.bn, BK=cfg.l1.bk, num_warps=cfg.l1.num_warps, num_stages=cfg.l1.num_stages, **common,
+            BN=cfg.l1.bn, BK=cfg.l1.bk, BKS=cfg.l1.bk_shared, num_warps=cfg.l1.num_warps, num_stages=cfg.l1.num_stages, **common,
         )
     if grid2 > 0:
         l2_kernel[(grid2,)](
@@ -128,7 +124,7 @@ def run_experts(
             latent, inter, s2_e, s2_n, s2s_e, s2s_n,
             act_s, w2_s, s_out, hidden, inter_s, m_s,
             sh_l2, tiles_r2, triton.cdiv(hidden, cfg.l2.bn),
-            BN=cfg.l2.bn, BK=cfg.l2.bk, num_warps=cfg.l2.num_warps, num_stages=cfg.l2.num_stages, **common,
+            BN=cfg.l2.bn, BK=cfg.l2.bk, BKS=cfg.l2.bk_shared, num_warps=cfg.l2.num_warps, num_stages=cfg.l2.num_stages, **common,
         )
     launch_combine(pairs, topk_ids, topk_weights, y, rms_weight, eps)
     return y

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .weight_tiles import DEQUANT_ASM, DEQUANT_TRITON
+from .weight_tiles import DEQUANT_ASM_PAIRS, DEQUANT_TRITON
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class GemmTiles:
     bk: int
     num_warps: int
     num_stages: int
+    bk_shared: int = 0  # K tile of the shared expert's (BF16) tiles in the same launch; 0: same as bk
 
 
 @dataclass(frozen=True)
@@ -26,12 +27,15 @@ class ProducerConfig:
     bm: int  # rows (token, slot pairs) per block: the grouping granularity, shared by L1 and L2
     l1: GemmTiles
     l2: GemmTiles
-    dequant: int = DEQUANT_ASM
+    dequant: int = DEQUANT_ASM_PAIRS
 
-    def with_k_dims(self, l1_k: tuple[int, ...], l2_k: tuple[int, ...], mxfp4: bool) -> ProducerConfig:
-        """Shrink BK until it divides every K of each launch (routed and shared share a launch)."""
-        return replace(self, l1=replace(self.l1, bk=_fit_bk(self.l1.bk, l1_k, mxfp4)),
-                       l2=replace(self.l2, bk=_fit_bk(self.l2.bk, l2_k, mxfp4)))
+    def with_k_dims(self, routed_k: tuple[int, int], shared_k: tuple[int, int] | None, mxfp4: bool) -> ProducerConfig:
+        """Shrink each K tile until it divides its K: routed (L1: L, L2: I), shared (L1: H, L2: I_s)."""
+        tiles = []
+        for t, rk, sk in ((self.l1, routed_k[0], shared_k and shared_k[0]), (self.l2, routed_k[1], shared_k and shared_k[1])):
+            bks = _fit_bk(t.bk_shared or t.bk, (sk or rk,), False)
+            tiles.append(replace(t, bk=_fit_bk(t.bk, (rk,), mxfp4), bk_shared=bks))
+        return replace(self, l1=tiles[0], l2=tiles[1])
 
 
 MIN_BK = 16  # tl.dot needs K >= 16
@@ -62,11 +66,15 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
     if interpreting():
         # Few, wide programs: the interpreter's cost is per program and per nested jit call.
         return ProducerConfig(16, GemmTiles(64, 128, 4, 1), GemmTiles(64, 128, 4, 1), DEQUANT_TRITON)
-    dequant = DEQUANT_ASM if _has_sm90() else DEQUANT_TRITON
+    dequant = DEQUANT_ASM_PAIRS if _has_sm90() else DEQUANT_TRITON
     if dtype == torch.float32:
         return ProducerConfig(16, GemmTiles(32, 32, 4, 2), GemmTiles(32, 32, 4, 2), DEQUANT_TRITON)
     if num_pairs <= DECODE_PAIRS:
         bm = decode_block_m(num_pairs, num_experts)
+        if weight_format == "mxfp4":
+            # Dequantisation is ALU work: keep shared memory small (shallow pipeline, shallow shared
+            # expert tiles) so that 3-4 CTAs per SM hide its latency.
+            return ProducerConfig(bm, GemmTiles(64, 128, 4, 3, 64), GemmTiles(64, 128, 4, 3, 64), dequant)
         return ProducerConfig(bm, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), dequant)
     return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(128, 64, 8, 3), dequant)
 
