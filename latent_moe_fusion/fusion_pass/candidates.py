@@ -44,6 +44,7 @@ class Candidate:
     group_name: str | None = None
     world: int = 1
     gate_up: str | None = None  # as seen by the walk: one gate/up matmul or two
+    norm_hint: str | None = None  # RMSNorm form the walk guesses (add.Scalar: functional); tried first
     up_mm: fx.Node | None = None
     out: fx.Node | None = None
     shared_mm: fx.Node | None = None
@@ -76,7 +77,7 @@ def find_candidates(graph: fx.Graph, config: FusionConfig) -> list[Candidate]:
 
 
 def _walk(cand: Candidate, config: FusionConfig, order: dict[fx.Node, int]) -> None:
-    cand.up_mm, cand.eps = _norm_chain(cand.routed, config, order)
+    cand.up_mm, cand.eps, cand.norm_hint = _norm_chain(cand.routed, config, order)
     cand.out = _single_user(cand.up_mm, "routed up-projection output u")
     if cand.out.op != "call_function" or cand.out.target is not ADD:
         raise Reject(f"routed up-projection output u ({cand.up_mm.name}) feeds {cand.out.name}, not the block's add")
@@ -89,7 +90,7 @@ def _walk(cand: Candidate, config: FusionConfig, order: dict[fx.Node, int]) -> N
 
 
 # -- routed side: RMSNorm then the up-projection --------------------------------------------------
-def _norm_chain(routed: fx.Node, config: FusionConfig, order) -> tuple[fx.Node, float | None]:
+def _norm_chain(routed: fx.Node, config: FusionConfig, order) -> tuple[fx.Node, float | None, str | None]:
     """The up-projection mm reached from the routed output, checking nothing else reads the chain."""
     region: set[fx.Node] = set()
     boundary: set[fx.Node] = set()
@@ -101,7 +102,7 @@ def _norm_chain(routed: fx.Node, config: FusionConfig, order) -> tuple[fx.Node, 
                 boundary.add(user)
             elif user not in region:
                 if user.op == "output":
-                    raise Reject(f"{node.name} on the routed RMSNorm chain is also a graph output")
+                    raise Reject(f"{_describe(node, routed)} is also a graph output; the fused ops do not return it")
                 region.add(user)
                 frontier.append(user)
                 if len(region) > config.max_walk_nodes:
@@ -120,7 +121,8 @@ def _norm_chain(routed: fx.Node, config: FusionConfig, order) -> tuple[fx.Node, 
         raise Reject(f"{_describe(source, routed)} also used by {user.name}, outside the RMSNorm -> up-projection chain")
     if up_mm.args[0] is routed:
         raise Reject("routed output goes into the up-projection without an RMSNorm")
-    return up_mm, _find_eps(chain)
+    eps, norm_hint = _find_eps(chain)
+    return up_mm, eps, norm_hint
 
 
 def _describe(node: fx.Node, routed: fx.Node) -> str:
@@ -139,13 +141,14 @@ def _ancestors_within(start, allowed: set[fx.Node]) -> set[fx.Node]:
     return seen
 
 
-def _find_eps(chain: set[fx.Node]) -> float | None:
+def _find_eps(chain: set[fx.Node]) -> tuple[float | None, str | None]:
+    """eps of the RMSNorm and which form wrote it: F.rms_norm decomposes to add.Scalar, `var + eps` is add.Tensor."""
     for node in chain:
         if node.op == "call_function" and node.target in (aten.add.Tensor, aten.add.Scalar):
             consts = [a for a in node.args if isinstance(a, float)]
             if consts:
-                return consts[0]
-    return None
+                return consts[0], "functional" if node.target is aten.add.Scalar else "manual"
+    return None, None
 
 
 def _single_user(node: fx.Node, what: str) -> fx.Node:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from ..patterns import FORMS, specs_for
+from ..patterns import FORMS, PatternSpec
 from .candidates import Candidate, Reject, find_candidates
 from .capabilities import DISABLE_ENV, Capabilities, agree_capabilities
 from .checks import check_candidate
@@ -91,17 +91,25 @@ class LatentMoEFusionPass(CustomGraphPass):
         return accepted
 
     def _rewrite(self, graph: fx.Graph, accepted: dict[fx.Node, Candidate]) -> None:
-        keys = []
-        for cand in accepted.values():
-            dtype = cand.routed.meta["val"].dtype
-            key = (cand.form, dtype, cand.routed.args[7], cand.group_name, cand.world)
-            if key not in keys:
-                keys.append(key)
+        """Apply only the specs the candidates need: their form, dtype, weights, group and gate/up form,
+        the RMSNorm form the walk guessed first, the other RMSNorm forms only for blocks still unmatched
+        (every spec costs a trace to register and two per match)."""
+        pending = dict(accepted)
         with approved(accepted):
-            for form, dtype, weight_format, group_name, world in keys:
-                for spec in specs_for(form, dtype, weight_format, group_name, world,
-                                      self.config.gate_up_forms, self.config.norm_forms):
+            for attempt in range(len(self.config.norm_forms)):
+                specs = []
+                for cand in pending.values():
+                    norms = sorted(self.config.norm_forms, key=lambda n: n != cand.norm_hint)
+                    spec = PatternSpec(FORMS[cand.form], cand.gate_up, norms[attempt], cand.routed.meta["val"].dtype,
+                                       cand.routed.args[7], cand.group_name, cand.world)
+                    if spec not in specs:
+                        specs.append(spec)
+                for spec in specs:
                     matcher_for(spec).apply(graph)
+                remaining = set(graph.nodes)
+                pending = {routed: cand for routed, cand in pending.items() if routed in remaining}
+                if not pending:
+                    return
 
     def _reject(self, report: FusionReport, cand: Candidate, reason: str) -> None:
         report.rejected.append((cand.where, reason))

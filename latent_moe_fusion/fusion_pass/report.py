@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import torch
+
 
 @dataclass(frozen=True)
 class MatchedBlock:
@@ -53,5 +55,6 @@ def op_counts(graph) -> Counter:
 
 
 def _target_name(target) -> str:
-    name = str(target)
-    return name[len("torch.ops."):] if name.startswith("torch.ops.") else getattr(target, "__name__", name)
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)  # "namespace.op.overload"
+    return getattr(target, "__name__", str(target))

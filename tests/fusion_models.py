@@ -1,0 +1,212 @@
+"""Models and compile helpers for the fusion-pass tests (tiny config, CPU).
+
+`post_grad(model, args, fusion_pass)` compiles up to the fusion pass and stops there (no kernel
+codegen: seconds instead of tens of seconds); `compiled(model, fusion_pass)` compiles fully. Both
+reset dynamo first and turn the FX graph cache off, so the pass runs and its report is fresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+import latent_moe_fusion as lmf
+from latent_moe_fusion.fusion_pass import ChainedGraphPass
+
+CFG = lmf.KimiK3MoEConfig.tiny()
+PRODUCER = "lmf.moe_shared_producer.default"
+TAIL = "lmf.latent_tail.default"
+# (shared_gate_up, rms_norm, weight_format): every gate/up x RMSNorm variant, both weight formats.
+VARIANTS = (
+    ("merged", "functional", "mxfp4"),
+    ("merged", "manual", "bf16"),
+    ("split", "functional", "bf16"),
+    ("split", "manual", "mxfp4"),
+)
+
+
+class Stacked(nn.Module):
+    """Blocks applied one after the other (block i's output is block i+1's input)."""
+
+    def __init__(self, blocks: list[nn.Module]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class Side(nn.Module):
+    """Independent models on the same input, outputs returned as a tuple: one graph, several blocks."""
+
+    def __init__(self, models: list[nn.Module]) -> None:
+        super().__init__()
+        self.models = nn.ModuleList(models)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(m(x) for m in self.models)
+
+
+def block(seed: int = 0, **kwargs) -> lmf.KimiK3MoEBlock:
+    return lmf.KimiK3MoEBlock(CFG, seed=seed, **kwargs)
+
+
+def variant_stacks(dtype: torch.dtype, tp_group=None, sequence_parallel: bool = False, depth: int = 2) -> Side:
+    """One stack of `depth` blocks per entry of VARIANTS."""
+    stacks = []
+    for v, (gate_up, norm, weight_format) in enumerate(VARIANTS):
+        stacks.append(Stacked([
+            block(10 * v + d, tp_group=tp_group, sequence_parallel=sequence_parallel, dtype=dtype,
+                  weight_format=weight_format, shared_gate_up=gate_up, rms_norm=norm)
+            for d in range(depth)
+        ]))
+    return Side(stacks)
+
+
+class _StopAfterPass(Exception):
+    pass
+
+
+class _Stop(CustomGraphPass):
+    def __call__(self, graph) -> None:
+        raise _StopAfterPass
+
+    def uuid(self) -> None:
+        return None
+
+
+# One compile thread: a pool of compile subprocesses costs more to start than it saves here.
+COMPILE_OPTIONS = {"fx_graph_cache": False, "compile_threads": 1}
+
+
+def post_grad(model: nn.Module, args: tuple, fusion_pass: CustomGraphPass) -> None:
+    """Trace `model(*args)` through dynamo, AOT and post-grad up to `fusion_pass`, then stop."""
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(COMPILE_OPTIONS):
+        fn = torch.compile(model, options={"post_grad_custom_pre_pass": ChainedGraphPass(fusion_pass, _Stop())},
+                           dynamic=False)
+        try:
+            fn(*args)
+        except Exception as exc:  # dynamo wraps the stop signal in its own error types
+            if "_StopAfterPass" not in f"{type(exc).__name__} {exc!r} {exc.__cause__!r}":
+                raise
+            return
+    raise AssertionError("the compile finished without reaching the post-grad pass")
+
+
+def compiled(model: nn.Module, fusion_pass: CustomGraphPass | None):
+    """A fully compiled model (FX graph cache off) with `fusion_pass` in the post-grad pre slot."""
+    torch._dynamo.reset()
+    options = {"post_grad_custom_pre_pass": fusion_pass} if fusion_pass is not None else {}
+    fn = torch.compile(model, options=options, dynamic=False)
+
+    def run(*args):
+        with torch._inductor.config.patch(COMPILE_OPTIONS):
+            return fn(*args)
+
+    return run
+
+
+@contextlib.contextmanager
+def fake_group(world: int) -> Iterator[dist.ProcessGroup]:
+    """A single-process stand-in for a `world`-rank group: collectives trace and run, results are junk."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    assert not dist.is_initialized(), "a process group is already initialized in this process"
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
+    ref = ref.double()
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def unchanged(report) -> bool:
+    return report.matched == 0 and report.nodes_before == report.nodes_after and report.ops_before == report.ops_after
+
+
+# -- blocks the pass must leave alone ------------------------------------------------------------
+class LeakyBlock(lmf.KimiK3MoEBlock):
+    """R = 1 block that also returns one intermediate, which the fused ops would not produce."""
+
+    def __init__(self, leak: str, **kwargs) -> None:
+        super().__init__(CFG, **kwargs)
+        self.leak = leak
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from latent_moe_fusion.model.layers import RMS_NORMS
+
+        y = self.routed(x)
+        y_n = RMS_NORMS[self.rms_norm_form](y, self.norm_weight, self.cfg.rms_norm_eps)
+        u = torch.nn.functional.linear(y_n, self.w_up)
+        s = self.shared(x)
+        leaked = {"routed": y, "normed": y_n, "up": u, "shared": s}[self.leak]
+        return u + s, leaked
+
+
+class HalfTailBlock(lmf.KimiK3MoEBlock):
+    """Routed experts in bf16, everything after them (RMSNorm output, up-projection, shared expert) in float16."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from latent_moe_fusion.model.layers import rms_norm_manual, situ_activation
+
+        F = torch.nn.functional
+        y_n = rms_norm_manual(self.routed(x), self.norm_weight, self.cfg.rms_norm_eps).half()
+        u = F.linear(y_n, self.w_up.half())
+        g, up = F.linear(x.half(), self.shared_w13.half()).chunk(2, dim=-1)
+        act = situ_activation(g, up, self.cfg.situ_beta, self.cfg.situ_linear_beta)
+        return u + F.linear(act, self.shared_w2.half())
+
+
+class OtherBetaBlock(lmf.KimiK3MoEBlock):
+    """The shared expert's SiTU uses another beta than the routed experts: one producer cannot serve both."""
+
+    def shared(self, x_s: torch.Tensor) -> torch.Tensor:
+        from latent_moe_fusion.model.layers import situ_activation
+
+        g, u = torch.nn.functional.linear(x_s, self.shared_w13).chunk(2, dim=-1)
+        return torch.nn.functional.linear(situ_activation(g, u, 2.0, self.cfg.situ_linear_beta), self.shared_w2)
+
+
+class Cast(nn.Module):
+    """Runs `inner` on the input cast to `dtype` (lets a float32 block sit beside bf16 ones in one graph)."""
+
+    def __init__(self, inner: nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.inner = inner
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.to(self.dtype))
+
+
+class TensorAndSequenceParallel(nn.Module):
+    """A TP block on the full tokens and an SP block on this rank's tokens, in one graph."""
+
+    def __init__(self, tp: nn.Module, sp: nn.Module) -> None:
+        super().__init__()
+        self.tp = tp
+        self.sp = sp
+
+    def forward(self, x: torch.Tensor, x_local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.tp(x), self.sp(x_local)
+
+
+def tp_and_sp(group, dtype: torch.dtype = torch.bfloat16) -> TensorAndSequenceParallel:
+    """TP: merged gate/up, F.rms_norm, bf16 weights. SP: split gate/up, manual RMSNorm, MXFP4 weights."""
+    return TensorAndSequenceParallel(
+        block(1, tp_group=group, dtype=dtype),
+        block(2, tp_group=group, sequence_parallel=True, dtype=dtype, shared_gate_up="split", rms_norm="manual",
+              weight_format="mxfp4"),
+    )
