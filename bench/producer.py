@@ -28,7 +28,7 @@ from latent_moe_fusion.ops.triton_kernels.combine import launch_combine
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import SharedExpert, run_experts
 from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert
 from latent_moe_fusion.ops.triton_kernels.producer_config import GemmTiles, ProducerConfig, pick_config
-from latent_moe_fusion.ops.triton_kernels.weight_tiles import DEQUANT_ASM, DEQUANT_ASM_PAIRS, DEQUANT_DOT_SCALED
+from latent_moe_fusion.ops.triton_kernels.weight_tiles import DEQUANT_ASM, DEQUANT_ASM_PAIRS
 
 GLOBAL_EXPERTS, LOCAL_EXPERTS, TOP_K, EP = 896, 112, 16, 8
 LATENT, INTER, HIDDEN, INTER_S = 3584, 3072, 7168, 768
@@ -152,31 +152,27 @@ class StockCase:
 def decode_candidates(fmt: str) -> dict[str, ProducerConfig]:
     if fmt == "bf16":
         return {"d64x128s4": ProducerConfig(16, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), DEQUANT_ASM)}
-    pairs, asm, dots = DEQUANT_ASM_PAIRS, DEQUANT_ASM, DEQUANT_DOT_SCALED
+    pairs = DEQUANT_ASM_PAIRS
     return {
-        "m64x128s3_pairs": ProducerConfig(16, GemmTiles(64, 128, 4, 3, 64), GemmTiles(64, 128, 4, 3, 64), pairs),
-        "m64x128s3_asm": ProducerConfig(16, GemmTiles(64, 128, 4, 3, 64), GemmTiles(64, 128, 4, 3, 64), asm),
-        "m64x128s3_dotscaled": ProducerConfig(16, GemmTiles(64, 128, 4, 3, 64), GemmTiles(64, 128, 4, 3, 64), dots),
-        "m128x128w8_pairs": ProducerConfig(16, GemmTiles(128, 128, 8, 3, 32), GemmTiles(128, 128, 8, 3, 32), pairs),
         "m64x128s4k32_pairs": ProducerConfig(16, GemmTiles(64, 128, 4, 4, 32), GemmTiles(64, 128, 4, 4, 32), pairs),
+        "m64x128s4k32_pairs_r128": ProducerConfig(16, GemmTiles(64, 128, 4, 4, 32, 128),
+                                                  GemmTiles(64, 128, 4, 4, 32, 128), pairs),
+        "m64x256s3k32_pairs_r128": ProducerConfig(16, GemmTiles(64, 256, 4, 3, 32, 128),
+                                                  GemmTiles(64, 128, 4, 4, 32, 128), pairs),
     }
 
 
 def prefill_candidates(fmt: str) -> dict[str, ProducerConfig]:
     d = DEQUANT_ASM_PAIRS
-    c = {
-        "p128_128x64s3": ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(128, 64, 8, 3), d),
-        "p128_128x64s4": ProducerConfig(128, GemmTiles(128, 64, 8, 4), GemmTiles(128, 64, 8, 4), d),
-    }
     if fmt == "bf16":
-        c["p128_l2_256"] = ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(256, 64, 8, 3), d)
-        c["p64_128x64"] = ProducerConfig(64, GemmTiles(128, 64, 4, 3), GemmTiles(128, 64, 4, 3), d)
-    return c
+        return {"p128_l2_256": ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(256, 64, 8, 3), d)}
+    return {"p128_128x64s3": ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(128, 64, 8, 3), d)}
 
 
 def config_name(c: ProducerConfig) -> str:
     def tiles(t: GemmTiles) -> str:
-        return f"{t.bn}x{t.bk}w{t.num_warps}s{t.num_stages}" + (f"k{t.bk_shared}" if t.bk_shared else "")
+        return (f"{t.bn}x{t.bk}w{t.num_warps}s{t.num_stages}" + (f"k{t.bk_shared}" if t.bk_shared else "")
+                + (f"r{t.maxnreg}" if t.maxnreg else ""))
 
     return f"bm{c.bm} l1:{tiles(c.l1)} l2:{tiles(c.l2)} dq{c.dequant}"
 

@@ -89,12 +89,14 @@ def test_mxfp4_dequant_variants(dequant, rng_seed):
     assert rel_l2(s, ref_s) < tolerance(torch.bfloat16)
 
 
-def test_other_tile_shapes(rng_seed):
-    p = make_problem(40, device="cuda", **MID)
+@pytest.mark.parametrize("weight_format", ["bf16", "mxfp4"])
+def test_other_tile_shapes(weight_format, rng_seed):
+    p = make_problem(40, weight_format=weight_format, device="cuda", **MID)
     ref_y, ref_s = p.reference_producer()
-    cfg = ProducerConfig(64, GemmTiles(128, 64, 4, 3), GemmTiles(256, 64, 8, 3))
-    y, s = _poisoned_run(p, config=cfg)
-    assert rel_l2(y, ref_y) < tolerance(torch.bfloat16) and rel_l2(s, ref_s) < tolerance(torch.bfloat16)
+    for cfg in (ProducerConfig(64, GemmTiles(128, 64, 4, 3), GemmTiles(256, 64, 8, 3)),
+                ProducerConfig(16, GemmTiles(64, 256, 4, 3, 32, 128), GemmTiles(64, 128, 4, 4, 32, 128))):
+        y, s = _poisoned_run(p, config=cfg)
+        assert rel_l2(y, ref_y) < tolerance(torch.bfloat16) and rel_l2(s, ref_s) < tolerance(torch.bfloat16)
 
 
 @pytest.mark.parametrize("weight_format", ["bf16", "mxfp4"])

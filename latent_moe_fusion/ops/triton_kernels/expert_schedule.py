@@ -116,7 +116,7 @@ def run_experts(
             latent, inter, top_k, s13_e, s13_n, s13s_e, s13s_n,
             x_s, w1_s, w3_s, act_s, hidden, inter_s, m_s,
             sh_l1, tiles_r1, triton.cdiv(inter_s, cfg.l1.bn), float(beta), float(lin_beta),
-            BN=cfg.l1.bn, BK=cfg.l1.bk, BKS=cfg.l1.bk_shared, num_warps=cfg.l1.num_warps, num_stages=cfg.l1.num_stages, **common,
+            BN=cfg.l1.bn, BK=cfg.l1.bk, BKS=cfg.l1.bk_shared, **cfg.l1.launch_options(), **common,
         )
     if grid2 > 0:
         l2_kernel[(grid2,)](
@@ -124,7 +124,7 @@ def run_experts(
             latent, inter, s2_e, s2_n, s2s_e, s2s_n,
             act_s, w2_s, s_out, hidden, inter_s, m_s,
             sh_l2, tiles_r2, triton.cdiv(hidden, cfg.l2.bn),
-            BN=cfg.l2.bn, BK=cfg.l2.bk, BKS=cfg.l2.bk_shared, num_warps=cfg.l2.num_warps, num_stages=cfg.l2.num_stages, **common,
+            BN=cfg.l2.bn, BK=cfg.l2.bk, BKS=cfg.l2.bk_shared, **cfg.l2.launch_options(), **common,
         )
     launch_combine(pairs, topk_ids, topk_weights, y, rms_weight, eps)
     return y

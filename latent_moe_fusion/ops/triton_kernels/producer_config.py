@@ -20,6 +20,13 @@ class GemmTiles:
     num_warps: int
     num_stages: int
     bk_shared: int = 0  # K tile of the shared expert's (BF16) tiles in the same launch; 0: same as bk
+    maxnreg: int = 0  # register cap per thread (0: none); 128 fits 4 CTAs of 4 warps per SM
+
+    def launch_options(self) -> dict[str, int]:
+        opts = dict(num_warps=self.num_warps, num_stages=self.num_stages)
+        if self.maxnreg:
+            opts["maxnreg"] = self.maxnreg
+        return opts
 
 
 @dataclass(frozen=True)
@@ -74,9 +81,11 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
         if weight_format == "mxfp4":
             # Dequantisation is ALU work: keep shared memory small (shallow pipeline, shallow shared
             # expert tiles) so that 3-4 CTAs per SM hide its latency.
-            return ProducerConfig(bm, GemmTiles(64, 128, 4, 3, 64), GemmTiles(64, 128, 4, 3, 64), dequant)
+            return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, 32), GemmTiles(64, 128, 4, 4, 32), dequant)
         return ProducerConfig(bm, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), dequant)
-    return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(128, 64, 8, 3), dequant)
+    if weight_format == "mxfp4":
+        return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(128, 64, 8, 3), dequant)
+    return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(256, 64, 8, 3), dequant)
 
 
 def _has_sm90() -> bool:
