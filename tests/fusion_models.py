@@ -74,7 +74,9 @@ class _StopAfterPass(Exception):
     pass
 
 
-class _Stop(CustomGraphPass):
+class Stop(CustomGraphPass):
+    """Ends the compile where it runs (after the passes before it in a chain)."""
+
     def __call__(self, graph) -> None:
         raise _StopAfterPass
 
@@ -86,12 +88,16 @@ class _Stop(CustomGraphPass):
 COMPILE_OPTIONS = {"fx_graph_cache": False, "compile_threads": 1}
 
 
-def post_grad(model: nn.Module, args: tuple, fusion_pass: CustomGraphPass) -> None:
-    """Trace `model(*args)` through dynamo, AOT and post-grad up to `fusion_pass`, then stop."""
+def post_grad(model: nn.Module, args: tuple, fusion_pass: CustomGraphPass | None) -> None:
+    """Trace `model(*args)` through dynamo, AOT and post-grad up to `fusion_pass`, then stop.
+
+    fusion_pass=None: run what `torch._inductor.config.post_grad_custom_pre_pass` holds (which must
+    end the compile with a `Stop()`), as a model compiled without options would.
+    """
     torch._dynamo.reset()
+    options = None if fusion_pass is None else {"post_grad_custom_pre_pass": ChainedGraphPass(fusion_pass, Stop())}
     with torch._inductor.config.patch(COMPILE_OPTIONS):
-        fn = torch.compile(model, options={"post_grad_custom_pre_pass": ChainedGraphPass(fusion_pass, _Stop())},
-                           dynamic=False)
+        fn = torch.compile(model, options=options, dynamic=False)
         try:
             fn(*args)
         except Exception as exc:  # dynamo wraps the stop signal in its own error types
