@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 MXFP4_BLOCK = 32  # one E8M0 scale per 32 values along K
@@ -52,15 +53,18 @@ class KimiK3MoEConfig:
             "shared_intermediate_size",
         ):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            # bool is an int subclass: True would pass as a size of 1.
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"KimiK3MoEConfig.{name} must be a positive int, got {value!r}")
         if self.top_k > self.num_experts:
             raise ConfigError(
                 f"KimiK3MoEConfig.top_k ({self.top_k}) exceeds num_experts ({self.num_experts})"
             )
         for name in ("rms_norm_eps", "situ_beta", "situ_linear_beta", "routed_scaling_factor"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"KimiK3MoEConfig.{name} must be > 0, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (is_number and math.isfinite(value) and value > 0):
+                raise ConfigError(f"KimiK3MoEConfig.{name} must be a finite number > 0, got {value!r}")
 
     def validate_for(
         self, world_size: int = 1, weight_format: str = "bf16", ep_size: int = 1

@@ -4,6 +4,11 @@
 
 `worker_fn(rank, world_size, *args)` runs inside an initialized default group (gloo, CPU) and
 returns something picklable. A worker that raises makes run_gloo raise with the traceback.
+
+`preload=("latent_moe_fusion", ...)` starts workers from a forkserver that imported those modules
+once per test session (a spawned worker spends ~10 s of CPU importing torch and the package on
+2 cores). Modules it preloads keep the environment they were imported with; the parent's current
+environment variables are copied into each worker before `worker_fn` runs.
 """
 
 from __future__ import annotations
@@ -23,9 +28,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue) -> None:
+def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue, env: dict | None = None) -> None:
     import torch.distributed as dist
 
+    if env is not None:  # a forkserver child starts with the forkserver's environment, not the parent's
+        os.environ.clear()
+        os.environ.update(env)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     try:
@@ -44,11 +52,21 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, que
     os._exit(0)
 
 
-def run_gloo(fn: Callable, world_size: int, args: tuple = (), timeout: float = 300.0) -> list[Any]:
-    ctx = mp.get_context("spawn")
+def run_gloo(
+    fn: Callable, world_size: int, args: tuple = (), timeout: float = 300.0, preload: tuple[str, ...] = ()
+) -> list[Any]:
+    if preload:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(list(preload))  # takes effect when the forkserver first starts
+        env = dict(os.environ)
+    else:
+        ctx = mp.get_context("spawn")
+        env = None
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_entry, args=(r, world_size, port, fn, args, queue, env)) for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}

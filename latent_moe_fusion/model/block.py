@@ -74,7 +74,8 @@ class KimiK3MoEBlock(nn.Module):
         self.correction_bias = param(normal((e,), 0.1, seed, "gate.bias", device))
         self.w_down = param(normal((lat, h), h**-0.5, seed, "down", device, dtype))
         self.w_up = param(normal((h, lat), lat**-0.5, seed, "up", device, dtype))
-        self.norm_weight = param(1.0 + normal((lat,), 0.1, seed, "norm", device, dtype))
+        # 1 + noise in fp32, rounded once: the bf16 block's weights are the fp32 block's, rounded.
+        self.norm_weight = param((1.0 + normal((lat,), 0.1, seed, "norm", device)).to(dtype))
         w13, s13 = expert_weights(self.num_local_experts, self.first_expert, 2 * i, lat, seed, "w13", weight_format, dtype, device)
         w2, s2 = expert_weights(self.num_local_experts, self.first_expert, lat, i, seed, "w2", weight_format, dtype, device)
         self.w13 = param(w13)

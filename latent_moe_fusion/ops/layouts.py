@@ -20,8 +20,9 @@ def resolve_group(group_name: str | None) -> dist.ProcessGroup | None:
     """The process group registered under `group_name`, or None for a single rank."""
     if group_name is None:
         return None
+    # ValueError for both failures: the ops' validation turns it into an LmfInputError naming group_name.
     if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(
+        raise ValueError(
             f"group_name={group_name!r} was given but torch.distributed is not initialized: "
             "call torch.distributed.init_process_group first, or pass group_name=None for R = 1"
         )

@@ -2,7 +2,9 @@
 
 Layout used everywhere in this project, for a weight W [..., N, K]:
   packed  uint8 [..., N, K // 2]   byte j holds element 2j in its low nibble, 2j+1 in its high one
-  scales  uint8 [..., N, K // 32]  E8M0: the block's scale is 2 ** (byte - 127); 255 (NaN) is rejected
+  scales  uint8 [..., N, K // 32]  E8M0: the block's scale is 2 ** (byte - 127); 255 is NaN (OCP MX spec)
+quantize_mxfp4 never writes 255; dequantize_mxfp4 turns a block with scale 255 into NaNs rather than
+reading the bytes on the host (that would be a sync on the GPU).
 A code is sign(bit 3) | e2m1 magnitude(bits 0-2) with magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6.
 """
 
@@ -12,6 +14,7 @@ import torch
 
 BLOCK = 32
 E8M0_BIAS = 127
+E8M0_NAN = 255
 E2M1_MAX = 6.0
 # Magnitudes of the 8 non-negative e2m1 codes, indexed by code & 7.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -88,6 +91,7 @@ def dequantize_mxfp4(
         )
     codes = unpack_codes(packed).long()
     values = e2m1_lut(packed.device)[codes]
-    exps = scales.float() - E8M0_BIAS
-    values = values.reshape(*packed.shape[:-1], k // BLOCK, BLOCK) * torch.exp2(exps).unsqueeze(-1)
+    block_scales = torch.exp2(scales.float() - E8M0_BIAS)
+    block_scales = block_scales.masked_fill(scales == E8M0_NAN, float("nan"))
+    values = values.reshape(*packed.shape[:-1], k // BLOCK, BLOCK) * block_scales.unsqueeze(-1)
     return values.reshape(*packed.shape[:-1], k).to(dtype)

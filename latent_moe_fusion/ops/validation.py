@@ -125,7 +125,8 @@ def validate_routed(
             _fail(op, f"w13 dim 1 ({two_inter}) must be even: gate rows then up rows")
         inter = two_inter // 2
         if inter % MXFP4_BLOCK:
-            _fail(op, f"moe intermediate size {inter} (K of the L2 GEMM) is not divisible by {MXFP4_BLOCK}, which mxfp4 needs")
+            _fail(op, f"w13.shape[1] / 2 = {inter} (I, the K of the L2 GEMM with w2) is not divisible by {MXFP4_BLOCK}, "
+                      "which mxfp4 needs")
         check_shape(op, "w13", w13, (num_experts, two_inter, latent // 2), "packed mxfp4 [E, 2I, L/2]")
         check_shape(op, "w13_scale", w13_scale, (num_experts, two_inter, latent // MXFP4_BLOCK), "E8M0 [E, 2I, L/32]")
         check_shape(op, "w2", w2, (num_experts, latent, inter // 2), "packed mxfp4 [E, L, I/2]")
@@ -140,7 +141,10 @@ def check_mode_and_group(op: str, mode: str, group_name: str | None) -> int:
         _fail(op, f"mode must be one of {MODES}, got {mode!r}")
     if group_name is not None and not isinstance(group_name, str):
         _fail(op, f"group_name must be a str or None, got {type(group_name).__name__}")
-    world = group_size(group_name)
+    try:
+        world = group_size(group_name)
+    except ValueError as exc:  # not initialized, or no group of that name
+        _fail(op, str(exc))
     if mode == "local" and world != 1:
         _fail(op, f"mode='local' is for R = 1 but group {group_name!r} has {world} ranks; use 'hidden_scatter' (TP) or 'token_publish' (SP)")
     return world
