@@ -13,6 +13,7 @@ from latent_moe_fusion import KimiK3MoEBlock
 from tests import multirank
 from tests.float64_reference import rel_l2, shared64
 from tests.op_inputs import TINY, fused_forward, fused_producer_args
+from tests.op_inputs import shared_gate_up as shared_gate_up_views
 
 BF16, FP32 = torch.bfloat16, torch.float32
 TOL = {BF16: 1e-2, FP32: 1e-5}
@@ -33,6 +34,10 @@ def test_identity_single_rank(rng_seed, dtype, weight_format, shared_gate_up):
     assert fused.dtype == dtype and fused.shape == x.shape
     assert rel_l2(fused, unfused) <= TOL[dtype]
     assert torch.equal(fused_forward(block, x), fused)
+    if shared_gate_up == "merged":  # the merged parameter goes in as two row-block views, not copies
+        w1_s, w3_s = shared_gate_up_views(block)
+        assert w1_s.untyped_storage().data_ptr() == block.shared_w13.untyped_storage().data_ptr()
+        assert w3_s.data_ptr() == block.shared_w13[TINY.shared_intermediate_size :].data_ptr()
 
 
 def _ws_expected(args: dict, world: int, rank: int) -> torch.Tensor:

@@ -102,3 +102,11 @@ def test_latent_tail_rounds_once(rng_seed):
     out = torch.ops.lmf.latent_tail(**args)
     ref = tail64(args["y_n"], args["w_up"], [args["ws"][0]]).to(BF16)
     assert (out != ref).float().mean().item() < 0.01
+
+
+@pytest.mark.parametrize("weight_format", ["bf16", "mxfp4"])
+def test_empty_batch(rng_seed, weight_format):
+    gen = torch.Generator().manual_seed(rng_seed)
+    y_n, ws = torch.ops.lmf.moe_shared_producer(**producer_args(0, BF16, weight_format, gen))
+    assert y_n.shape == (0, TINY.latent_size) and ws.shape == (1, 0, TINY.hidden_size)
+    assert torch.ops.lmf.latent_tail(**tail_args(0, BF16, gen)).shape == (0, TINY.hidden_size)
