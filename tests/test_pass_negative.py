@@ -7,6 +7,9 @@ import torch
 
 import latent_moe_fusion as lmf
 from latent_moe_fusion.fusion_pass import ChainedGraphPass, FusionConfig
+from latent_moe_fusion.ops import backends
+from latent_moe_fusion.ops.backends import Backend, register_backend
+from latent_moe_fusion.ops.reference import producer_reference, tail_reference
 from tests.fusion_models import (
     CFG,
     PRODUCER,
@@ -59,9 +62,19 @@ def test_blocks_with_escaping_intermediates_or_mixed_dtypes_are_left_alone(caplo
     assert len(logged) == len(models) and all("left" in m and "unfused" in m for m in logged), logged
 
 
+def _narrow_tail_backends(monkeypatch) -> None:
+    """A producer backend that takes anything and a tail backend that refuses this hidden size (CPU)."""
+    for op in ("moe_shared_producer", "latent_tail"):
+        monkeypatch.setitem(backends._REGISTRY, op, backends.backends_for(op))
+    register_backend(Backend("moe_shared_producer", "test-any", 0, ("cpu",), producer_reference))
+    register_backend(Backend("latent_tail", "test-narrow", 0, ("cpu",), tail_reference,
+                             supports=lambda y_n, w_up, *rest: f"hidden {w_up.shape[0]} unsupported by the test tail"))
+
+
 def test_switch_configuration_and_backends_reject_with_reasons(monkeypatch):
     """One trace, several passes chained on the same (never rewritten) graph, each with its own reason."""
     x = torch.randn(8, CFG.hidden_size, dtype=BF16)
+    _narrow_tail_backends(monkeypatch)
     with fake_group(2) as group:
         model = Side([block(1, dtype=BF16), block(2, dtype=BF16, tp_group=group)])
         monkeypatch.setenv("LMF_DISABLE_FUSION", "1")
@@ -70,7 +83,8 @@ def test_switch_configuration_and_backends_reject_with_reasons(monkeypatch):
         passes = {
             "LMF_DISABLE_FUSION=1": disabled,
             "activation dtype bfloat16 is not supported": lmf.LatentMoEFusionPass(FusionConfig(dtypes=("float32",))),
-            "no backend of lmf::moe_shared_producer serves this block on cpu":
+            f"no backend of lmf::latent_tail serves this block on cpu (test-narrow: hidden {CFG.hidden_size} "
+            "unsupported by the test tail;":
                 lmf.LatentMoEFusionPass(FusionConfig(reference_backend_devices=())),
             "is not enabled (FusionConfig.forms": lmf.LatentMoEFusionPass(FusionConfig(forms=("sequence_parallel",))),
         }
@@ -80,6 +94,8 @@ def test_switch_configuration_and_backends_reject_with_reasons(monkeypatch):
         report = fusion_pass.report
         assert unchanged(report), report.summary()
         assert len(report.rejected) == 2 and all(want in r for r in _reasons(report)), (want, report.summary())
+    narrow = _reasons(passes[next(k for k in passes if "test-narrow" in k)].report)
+    assert all("reference: not used for fusion on cpu" in r for r in narrow), narrow
     forms = _reasons(passes["is not enabled (FusionConfig.forms"].report)
     assert "'local'" in forms[0] and "'all_reduce'" in forms[1]
 
@@ -90,3 +106,9 @@ def test_disable_switch_values(monkeypatch, value):
     assert not lmf.LatentMoEFusionPass().enabled
     monkeypatch.setenv("LMF_DISABLE_FUSION", "0")
     assert lmf.LatentMoEFusionPass().enabled
+
+
+@pytest.mark.parametrize("field, value", [("forms", ("tp",)), ("dtypes", ("float16",)), ("norm_forms", ["manual"])])
+def test_fusion_config_rejects_unknown_values(field, value):
+    with pytest.raises(ValueError, match=f"FusionConfig.{field}"):
+        FusionConfig(**{field: value})
