@@ -1,9 +1,23 @@
 """latent-moe-fusion: fused producer + tail ops for Kimi K3's latent MoE layer under torch.compile."""
 
+from typing import Any
+
 from . import ops
 from .config import ConfigError, KimiK3MoEConfig
-from .fusion_pass import FusionConfig, FusionReport, LatentMoEFusionPass, install
 from .model import KimiK3MoEBlock
+
+# The fusion pass imports torch._inductor and torch._dynamo (seconds): loaded on first use only, so
+# that code using just the ops (kernels, benchmarks, spawned test workers) does not pay for it.
+_FUSION_PASS_NAMES = ("FusionConfig", "FusionReport", "LatentMoEFusionPass", "install")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FUSION_PASS_NAMES:
+        from . import fusion_pass
+
+        return getattr(fusion_pass, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ConfigError",

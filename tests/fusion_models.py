@@ -216,3 +216,11 @@ def tp_and_sp(group, dtype: torch.dtype = torch.bfloat16) -> TensorAndSequencePa
         block(2, tp_group=group, sequence_parallel=True, dtype=dtype, shared_gate_up="split", rms_norm="manual",
               weight_format="mxfp4"),
     )
+
+
+class TransposedUpBlock(lmf.KimiK3MoEBlock):
+    """Keeps the up-projection weight as a transposed view (non-contiguous [H, L]): latent_tail refuses it."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(CFG, **kwargs)
+        self.w_up = nn.Parameter(self.w_up.detach().t().contiguous().t(), requires_grad=False)

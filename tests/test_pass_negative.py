@@ -17,6 +17,7 @@ from tests.fusion_models import (
     LeakyBlock,
     OtherBetaBlock,
     Side,
+    TransposedUpBlock,
     block,
     fake_group,
     post_grad,
@@ -38,6 +39,7 @@ def test_blocks_with_escaping_intermediates_or_mixed_dtypes_are_left_alone(caplo
         LeakyBlock("up", dtype=BF16, shared_gate_up="split"),
         HalfTailBlock(CFG, dtype=BF16),
         OtherBetaBlock(CFG, dtype=BF16),
+        TransposedUpBlock(dtype=BF16),
     ]
     fusion_pass = lmf.LatentMoEFusionPass()
     with caplog.at_level(logging.INFO, logger="latent_moe_fusion"):
@@ -54,6 +56,7 @@ def test_blocks_with_escaping_intermediates_or_mixed_dtypes_are_left_alone(caplo
         "routed up-projection output u",  # ... is used by add, output
         "float16 while the routed path is bfloat16",
         "no registered pattern matched",
+        "the fused ops refuse the matched arguments (LmfInputError: lmf::latent_tail: w_up must be contiguous",
     ]
     for want in expected:
         assert sum(want in r for r in reasons) == 1, report.summary()

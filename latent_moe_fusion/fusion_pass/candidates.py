@@ -53,6 +53,7 @@ class Candidate:
     eps: float | None = None
     backends: dict[str, str] | None = None  # op -> backend that will serve it (set when accepted)
     spec: object | None = None  # the PatternSpec that rewrote it (set by the matcher's gate)
+    gate_reason: str | None = None  # why the matcher's gate refused a structural match
 
     @property
     def accepted(self) -> bool:

@@ -62,7 +62,7 @@ class LatentMoEFusionPass(CustomGraphPass):
         remaining = set(graph.nodes)
         for cand in accepted.values():
             if cand.routed in remaining:
-                self._reject(report, cand, _unmatched_reason(cand))
+                self._reject(report, cand, cand.gate_reason or _unmatched_reason(cand))
             else:
                 report.blocks.append(self._matched_block(cand))
                 log.info("latent_moe_fusion: fused %s as %s (%s)", cand.where, cand.form, cand.spec.variant)
@@ -105,7 +105,11 @@ class LatentMoEFusionPass(CustomGraphPass):
                     if spec not in specs:
                         specs.append(spec)
                 for spec in specs:
-                    matcher_for(spec).apply(graph)
+                    try:
+                        matcher_for(spec).apply(graph)
+                    except Exception as exc:  # a match is applied only once fully traced: the graph stays valid
+                        for cand in pending.values():
+                            cand.gate_reason = cand.gate_reason or f"pattern matcher failed ({type(exc).__name__}: {exc})"
                 remaining = set(graph.nodes)
                 pending = {routed: cand for routed, cand in pending.items() if routed in remaining}
                 if not pending:

@@ -13,6 +13,7 @@ import contextvars
 import functools
 from collections.abc import Iterator
 
+import torch
 from torch import fx
 from torch._inductor.pattern_matcher import Match, PatternMatcherPass, fwd_only, register_replacement
 from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -46,10 +47,33 @@ def _gate(spec: PatternSpec):
             return False
         if cand.out not in match.nodes:
             return False
+        reason = _ops_refuse(spec, match)
+        if reason is not None:
+            cand.gate_reason = reason
+            return False
         cand.spec = spec
         return True
 
     return extra_check
+
+
+def _ops_refuse(spec: PatternSpec, match: Match) -> str | None:
+    """Run the replacement on the match's fake values: the fused ops' own checks (dtypes, shapes,
+    strides) then refuse here, with their message, instead of failing the compile mid-rewrite."""
+    values = {}
+    for name in spec.arg_names():
+        arg = match.kwargs.get(name)
+        values[name] = arg.meta.get("val") if isinstance(arg, fx.Node) else arg
+    fake = next((v for v in values.values() if isinstance(v, torch.Tensor)), None)
+    fake_mode = getattr(fake, "fake_mode", None)
+    if fake_mode is None:
+        return "the matched arguments carry no fake tensors to check the fused ops with"
+    try:
+        with fake_mode:
+            spec.replace(values)
+    except Exception as exc:
+        return f"the fused ops refuse the matched arguments ({type(exc).__name__}: {exc})"
+    return None
 
 
 @functools.cache
