@@ -62,6 +62,9 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="*", default=list(DECODE_M + PREFILL_M))
     args = ap.parse_args()
     torch.manual_seed(0)
+    # Every (variant, size) pair is its own Dynamo compile of one forward: past the default limit of 8,
+    # Dynamo silently runs the block eagerly, which would pass eager timings off as compiled ones.
+    torch._dynamo.config.recompile_limit = 64
     ceilings = measure_ceilings()
     cfg = lmf.KimiK3MoEConfig().replace(shared_intermediate_size=768)
     block = lmf.KimiK3MoEBlock(cfg, weight_format="mxfp4", dtype=torch.bfloat16, device="cuda", seed=0, ep_size=8, ep_rank=0)
