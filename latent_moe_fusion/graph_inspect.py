@@ -122,7 +122,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = inspect_block(tp=args.tp, sp=args.sp, dtype=getattr(torch, args.dtype), shared_gate_up=args.gate_up,
-                           rms_norm=args.rms_norm, weight_format=args.weights)
+    try:
+        result = inspect_block(tp=args.tp, sp=args.sp, dtype=getattr(torch, args.dtype), shared_gate_up=args.gate_up,
+                               rms_norm=args.rms_norm, weight_format=args.weights)
+    except ValueError as exc:  # bad sizes or flags (ConfigError is a ValueError): say so, no traceback
+        raise SystemExit(f"inspect: {exc}") from exc
     print(format_inspection(result))
     return 0 if result.report.matched else 1
