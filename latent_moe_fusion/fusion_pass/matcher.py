@@ -62,7 +62,9 @@ def _ops_refuse(spec: PatternSpec, match: Match) -> str | None:
     strides) then refuse here, with their message, instead of failing the compile mid-rewrite."""
     values = {}
     for name in spec.arg_names():
-        arg = match.kwargs.get(name)
+        arg = match.kwargs.get(name, _MISSING)
+        if arg is _MISSING:
+            arg = _scalar_from_graph(name, match)
         values[name] = arg.meta.get("val") if isinstance(arg, fx.Node) else arg
     fake = next((v for v in values.values() if isinstance(v, torch.Tensor)), None)
     fake_mode = getattr(fake, "fake_mode", None)
@@ -73,6 +75,23 @@ def _ops_refuse(spec: PatternSpec, match: Match) -> str | None:
             spec.replace(values)
     except Exception as exc:
         return f"the fused ops refuse the matched arguments ({type(exc).__name__}: {exc})"
+    return None
+
+
+_MISSING = object()
+# Positions of the SiTU betas in lmf::routed_experts' schema.
+_ROUTED_SCALAR_ARG = {"beta": 8, "lin_beta": 9}
+
+
+def _scalar_from_graph(name: str, match: Match):
+    """torch 2.11 leaves the scalar_workaround arguments (eps, beta, lin_beta) out of Match.kwargs at
+    extra_check time (2.13 has them; seen on the H200 image). The betas are read off the matched
+    routed op; eps only has to be a valid float for this shape/dtype check (the op re-checks it)."""
+    if name in _ROUTED_SCALAR_ARG:
+        routed = next(n for n in match.nodes if getattr(n, "target", None) is ROUTED)
+        return routed.args[_ROUTED_SCALAR_ARG[name]]
+    if name in SCALAR_EXAMPLES:
+        return SCALAR_EXAMPLES[name]
     return None
 
 
