@@ -48,21 +48,7 @@ def _supports(z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_fo
     return routed_size_reason(z, topk_ids, w2, weight_format)
 
 
-def routed_experts_triton(
-    z: torch.Tensor,
-    topk_ids: torch.Tensor,
-    topk_weights: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    w13_scale: torch.Tensor | None,
-    w2_scale: torch.Tensor | None,
-    weight_format: str,
-    beta: float,
-    lin_beta: float,
-) -> torch.Tensor:
-    return run_experts(z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta)
-
-
+# run_experts takes the op's ten arguments positionally (its extra ones are the producer's).
 register_backend(
-    Backend("routed_experts", "triton", 10, ("cuda",), routed_experts_triton, triton_available, _supports)
+    Backend("routed_experts", "triton", 10, ("cuda",), run_experts, triton_available, _supports)
 )
