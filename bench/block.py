@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import latent_moe_fusion as lmf  # noqa: E402
 from bench.common import environment, measure_ceilings, rel_l2, time_graph_ms, time_ms, write_results  # noqa: E402
+from bench.kernel_breakdown import breakdown_markdown, kernel_times_us  # noqa: E402
 from latent_moe_fusion.model.router import localize_ids, route  # noqa: E402
 
 DECODE_M = (1, 8, 32, 128)
@@ -60,6 +61,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--m", type=int, nargs="*", default=list(DECODE_M + PREFILL_M))
+    ap.add_argument("--no-kernels", action="store_true", help="skip the per-kernel time breakdown")
     args = ap.parse_args()
     torch.manual_seed(0)
     # Every (variant, size) pair is its own Dynamo compile of one forward: past the default limit of 8,
@@ -70,6 +72,7 @@ def main() -> None:
     block = lmf.KimiK3MoEBlock(cfg, weight_format="mxfp4", dtype=torch.bfloat16, device="cuda", seed=0, ep_size=8, ep_rank=0)
     variants = {"eager": (block, None), "compiled": compiled(block, False), "compiled+fused": compiled(block, True)}
     rows = []
+    kernels: dict[str, list[tuple[str, float]]] = {}
     for m in args.m:
         num_sets = 4 if m <= 128 else 2
         xs = [torch.randn(m, cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in range(num_sets)]
@@ -87,6 +90,11 @@ def main() -> None:
             else:
                 us = time_ms(lambda fn=fn: fn(xs[0]), warmup=3, iters=10) * 1e3
             row[f"{name}_us"] = us
+            if name != "eager" and not args.no_kernels:
+                try:  # a diagnostic: never lose the timings above to it
+                    kernels[f"M = {m}, {name}"] = kernel_times_us(lambda fn=fn: fn(xs[0]))
+                except Exception as exc:  # noqa: BLE001
+                    kernels[f"M = {m}, {name}"] = [(f"profiler failed: {exc!r}", float("nan"))]
         row["fused_vs_compiled"] = row["compiled_us"] / row["compiled+fused_us"]
         row["fused_x_floor"] = row["compiled+fused_us"] / floor_us
         rows.append(row)
@@ -100,6 +108,12 @@ def main() -> None:
     cols = ["M", "eager_us", "compiled_us", "compiled+fused_us", "floor_us", "fused_vs_compiled", "fused_x_floor",
             "compiled+fused_err", "matched", "bytes_MB", "GFLOP"]
     write_results("block", rows, cols, meta, args.out)
+    if kernels:
+        (Path(args.out) / "block_kernels.md").write_text(
+            "# block: CUDA kernel time per kernel (profiler, no CUDA graph)\n\n"
+            f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}; config: {meta['config']}\n\n"
+            + breakdown_markdown(kernels)
+        )
     plot(rows, Path(args.out) / "block.png")
 
 

@@ -20,12 +20,22 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.kernel_breakdown import breakdown_markdown, kernel_times_us  # noqa: E402
 from bench.common import environment, measure_ceilings, rel_l2, time_graph_ms, time_ms, write_results  # noqa: E402
 from latent_moe_fusion.model.router import localize_ids  # noqa: E402
 from latent_moe_fusion.ops.backends import backends_for  # noqa: E402
 from latent_moe_fusion.ops.deepgemm import deepgemm_status, probe_deepgemm  # noqa: E402
-from latent_moe_fusion.ops.deepgemm.probe import SM90_GROUPED  # noqa: E402
-from latent_moe_fusion.ops.deepgemm.sm90_grouped import bf16_weights, choose_layout, routed_deepgemm  # noqa: E402
+from latent_moe_fusion.ops.deepgemm.probe import SM90_GROUPED, deep_gemm_module  # noqa: E402
+from latent_moe_fusion.ops.deepgemm.sm90_grouped import (  # noqa: E402
+    bf16_weights,
+    choose_layout,
+    contiguous_gemms,
+    masked_gemms,
+    plan_routing,
+    routed_deepgemm,
+    stage_contiguous,
+    stage_masked,
+)
 from latent_moe_fusion.ops.math import routed_experts_math  # noqa: E402
 from latent_moe_fusion.ops.mxfp4 import quantize_mxfp4  # noqa: E402
 
@@ -85,6 +95,23 @@ def floors(ids: torch.Tensor, weight_format: str, ceilings: dict) -> dict:
     }
 
 
+def gemms_only(sets, w13_bf16, w2_bf16, layout: str):
+    """The two grouped GEMMs (and the SiTU between them) on inputs staged beforehand: what DeepGEMM's
+    kernels cost without our routing glue (plan, scatter into groups, weighted combine)."""
+    dg = deep_gemm_module()
+    staged = []
+    for z, ids, w in sets:
+        plan = plan_routing(ids, w, LOCAL_EXPERTS)
+        if layout == "masked":
+            a, _, expected_m = stage_masked(z, plan, LOCAL_EXPERTS)
+            staged.append(lambda a=a, c=plan.counts, e=expected_m: masked_gemms(
+                a, c, e, w13_bf16, w2_bf16, BETA, LIN_BETA, dg))
+        else:
+            a, layout_t, _ = stage_contiguous(z, plan, LOCAL_EXPERTS, int(dg.get_mk_alignment_for_contiguous_layout()))
+            staged.append(lambda a=a, t=layout_t: contiguous_gemms(a, t, w13_bf16, w2_bf16, BETA, LIN_BETA, dg))
+    return staged
+
+
 def triton_backend(args):
     for b in backends_for("routed_experts"):
         if b.name == "triton":
@@ -99,6 +126,7 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="*", default=list(DECODE_M + PREFILL_M))
     ap.add_argument("--weight-format", choices=("mxfp4", "bf16"), default="mxfp4")
     ap.add_argument("--no-check", action="store_true", help="skip the comparison with the reference op")
+    ap.add_argument("--no-kernels", action="store_true", help="skip the per-kernel time breakdown")
     args = ap.parse_args()
     if not probe_deepgemm().has(SM90_GROUPED):
         raise SystemExit(f"DeepGEMM SM90 grouped GEMMs unavailable: {deepgemm_status()}")
@@ -106,8 +134,9 @@ def main() -> None:
     ceilings = measure_ceilings()
     w13, w2, s13, s2 = make_weights(args.weight_format)
     weight_args = (w13, w2, s13, s2, args.weight_format, BETA, LIN_BETA)
-    bf16_weights(w13, w2, s13, s2, args.weight_format)  # the one-time BF16 copy, outside timing
+    w13_bf16, w2_bf16 = bf16_weights(w13, w2, s13, s2, args.weight_format)  # one-time BF16 copy, untimed
     rows = []
+    kernels = {}
     for m in args.m:
         num_sets = 4 if m <= 128 else 2
         sets = make_inputs(m, num_sets)
@@ -127,6 +156,14 @@ def main() -> None:
                 row[f"{name}_us"] = time_graph_ms(lambda i, fn=fn: fn(*sets[i], *weight_args), num_sets) * 1e3
             else:
                 row[f"{name}_us"] = time_ms(lambda fn=fn: fn(*sets[0], *weight_args), warmup=3, iters=10) * 1e3
+        staged = gemms_only(sets, w13_bf16, w2_bf16, row["layout"])
+        if m <= 128:
+            row["deepgemm_gemms_us"] = time_graph_ms(lambda i: staged[i](), num_sets) * 1e3
+        else:
+            row["deepgemm_gemms_us"] = time_ms(staged[0], warmup=3, iters=10) * 1e3
+        if not args.no_kernels:
+            for name, fn in variants.items():
+                kernels[f"M = {m}, {name}"] = kernel_times_us(lambda fn=fn: fn(*sets[0], *weight_args), top=6)
         if "triton_us" in row:
             row["deepgemm_vs_triton"] = row["triton_us"] / row["deepgemm_us"]
         row["deepgemm_x_floor"] = row["deepgemm_us"] / row["floor_us"]
@@ -141,12 +178,17 @@ def main() -> None:
         "timing": "M<=128: CUDA graph replay over rotating input sets, median; larger M: CUDA events, median",
         "layout_env": os.environ.get("LMF_DEEPGEMM_ROUTED_LAYOUT", "by M (masked <= 128 < contiguous)"),
     }
-    cols = ["M", "hit", "layout", "triton_us", "deepgemm_us", "deepgemm_vs_triton", "floor_us", "floor_bf16_copy_us",
+    cols = ["M", "hit", "layout", "triton_us", "deepgemm_us", "deepgemm_gemms_us", "deepgemm_vs_triton", "floor_us", "floor_bf16_copy_us",
             "deepgemm_x_floor", "triton_err", "deepgemm_err"]
     write_results(f"deepgemm_routed_{args.weight_format}", rows, cols, meta, args.out,
                   notes="floor_us: the stored weights of the experts hit, read once (or the FLOPs at the measured "
                         "BF16 rate, if larger); floor_bf16_copy_us: the same with the BF16 copy DeepGEMM reads. "
-                        "err: relative L2 error against the reference op.")
+                        "deepgemm_gemms_us: the two grouped GEMMs + SiTU alone on pre-staged inputs (no routing "
+                        "plan, scatter or combine). err: relative L2 error against the reference op.")
+    if kernels:
+        (Path(args.out) / f"deepgemm_routed_{args.weight_format}_kernels.md").write_text(
+            f"# routed experts ({args.weight_format}): CUDA kernel time per kernel (profiler, no CUDA graph)\n\n"
+            + breakdown_markdown(kernels))
 
 
 if __name__ == "__main__":

@@ -325,6 +325,9 @@ class FakeDeepGemm:
             _require(masked_m.dtype == torch.int32 and masked_m.is_contiguous() and masked_m.numel() == g, "masked_m")
             _require(isinstance(expected_m, int) and expected_m > 0 and k % 64 == 0, "expected_m > 0, K % 64 == 0")
             _require(bool((masked_m <= m).all()), "masked_m exceeds the M capacity")
+            # The real sm_90 kernel does not check this: its 64/128-row TMA tiles over [G * M, K] spill
+            # into the next group when M is not a multiple of them (seen on the H200, see sm90_grouped).
+            _require(m % 128 == 0, f"M per group ({m}) must be a multiple of 128 (the kernel's largest M tile)")
             for gi in range(g):
                 rows = int(masked_m[gi])
                 if rows:

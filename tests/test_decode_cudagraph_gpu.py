@@ -26,11 +26,14 @@ def block():
     return lmf.KimiK3MoEBlock(cfg, weight_format="mxfp4", dtype=torch.bfloat16, device="cuda", seed=0)
 
 
-def _compiled(block, **kwargs):
+def _compiled(block, cudagraphs: bool = False):
     fpass = lmf.LatentMoEFusionPass()
     torch._dynamo.reset()
+    # mode="reduce-overhead" is options["triton.cudagraphs"] = True; torch.compile refuses mode and
+    # options together, and the pass goes in through options.
+    options = {"post_grad_custom_pre_pass": fpass, "triton.cudagraphs": cudagraphs}
     with torch._inductor.config.patch(fx_graph_cache=False):
-        fn = torch.compile(block, options={"post_grad_custom_pre_pass": fpass}, dynamic=False, **kwargs)
+        fn = torch.compile(block, options=options, dynamic=False)
     return fn, fpass
 
 
@@ -68,14 +71,29 @@ def test_manual_cuda_graph_replays_match_eager(block, m):
 
 @pytest.mark.parametrize("m", DECODE_M)
 def test_reduce_overhead_mode_replays_match_eager(block, m):
-    fn, fpass = _compiled(block, mode="reduce-overhead")
-    xs = [torch.randn(m, block.cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in range(REPLAYS)]
+    fn, fpass = _compiled(block, cudagraphs=True)
+    xs = [torch.randn(m, block.cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in range(REPLAYS + 3)]
     with torch._inductor.config.patch(fx_graph_cache=False):
-        for x in xs[:3]:
+        for x in xs[:3]:  # compile, warm up and record the cudagraph tree
+            torch.compiler.cudagraph_mark_step_begin()
             fn(x)
     assert fpass.report.matched == 1, fpass.report
+    torch.cuda.synchronize()
+    mem_before = None
     worst = 0.0
-    for x in xs:
-        out = fn(x).clone()
+    for i, x in enumerate(xs[3:]):  # fresh inputs: cudagraph trees copy each into the graph's static input
+        torch.compiler.cudagraph_mark_step_begin()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = fn(x).clone()  # the graph's output buffer is reused by the next replay
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert torch.isfinite(out).all()
         worst = max(worst, _rel_l2(out, block(x)))
+        del out
+        if i == 0:
+            torch.cuda.synchronize()
+            mem_before = torch.cuda.memory_allocated()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == mem_before, "replays changed the allocated GPU memory"
     assert worst <= 1e-2, f"worst replay rel L2 {worst:.3e}"

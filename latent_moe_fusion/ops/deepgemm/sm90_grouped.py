@@ -15,7 +15,7 @@ Mapping: ids/weights -> a routing plan built on the device without host synchron
 be captured in a CUDA graph): duplicate ids within a token are merged (their weights summed,
 exactly what the contract's sum over slots gives), ids < 0 dropped. Decode sizes use the masked
 layout (A is [E, M, L]); larger M the contiguous one. L1 [2I rows: gate then up] -> SiTU in FP32
--> BF16 -> L2 -> weighted FP32 sum over the top-k -> BF16.
+(one Triton pass over the rows that hold tokens) -> BF16 -> L2 -> weighted FP32 sum over the top-k -> BF16.
 
 Numerics: DeepGEMM's grouped GEMMs write BF16 only, so h = z @ W13^T and each expert's L2 output
 are rounded to BF16 before SiTU / the weighted sum, where the contract keeps them in FP32. The
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 
 from ..backends import forced_backend_name
-from ..math import situ
 from ..mxfp4 import dequantize_mxfp4
+from ..triton_kernels.situ_rows import situ_rows
 from .agree import current_answer
 from .probe import SM90_GROUPED, deep_gemm_module
 from .weights import WeightCache
@@ -42,6 +42,7 @@ from .weights import WeightCache
 NAME = "deepgemm"
 LAYOUT_ENV = "LMF_DEEPGEMM_ROUTED_LAYOUT"  # masked | contiguous (default: by M)
 MASKED_MAX_M = 128
+MASKED_M_ALIGN = 128  # rows per group of the masked buffers are a multiple of this (see masked_rows)
 _BF16_COPIES = WeightCache("DeepGEMM routed: BF16 copies of MXFP4 weights")
 
 
@@ -115,33 +116,51 @@ def _combine(out_rows: torch.Tensor, row: torch.Tensor, plan: RoutingPlan, dtype
     return contrib.sum(dim=1).to(dtype)
 
 
-def _situ_bf16(h: torch.Tensor, inter: int, beta: float, lin_beta: float) -> torch.Tensor:
-    return situ(h[..., :inter], h[..., inter:], beta, lin_beta).to(h.dtype)
+def masked_rows(m: int) -> int:
+    """Rows per group of the masked buffers. DeepGEMM's sm_90 masked kernel addresses A and D as
+    [G * rows, .] with TMA tiles of 64 or 128 rows and no host check that rows is a multiple of the
+    tile, so with fewer rows a group's tile reads and writes its neighbours' rows (seen on the H200:
+    relative error ~1 at M = 1..32, correct at M = 128). Round up to the largest tile it may pick."""
+    return -(-m // MASKED_M_ALIGN) * MASKED_M_ALIGN
+
+
+def stage_masked(z: torch.Tensor, plan: RoutingPlan, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Scatter each kept (token, slot) pair's row of z into its expert's group: a [E, rows, L], the
+    flat row of every pair in a (a sink row past the end for dropped pairs), and DeepGEMM's expected_m."""
+    m, latent = z.shape
+    k = plan.keep.shape[1]
+    rows = masked_rows(m)
+    expected_m = max(1, min(m, math.ceil(m * k / num_experts)))
+    sink = num_experts * rows  # one extra row takes the dropped pairs' writes
+    row = torch.where(plan.keep, plan.expert * rows + plan.pos, sink)
+    a = torch.empty((sink + 1, latent), dtype=z.dtype, device=z.device)
+    a[row.reshape(-1)] = z.repeat_interleave(k, dim=0)
+    return a[:sink].view(num_experts, rows, latent), row, expected_m
+
+
+def masked_gemms(a, counts, expected_m, w13, w2, beta, lin_beta, dg) -> torch.Tensor:
+    """L1 -> SiTU -> L2 over the masked groups; rows >= counts[g] of the result are not written."""
+    num_experts, rows, latent = a.shape
+    two_inter = w13.shape[1]
+    h = torch.empty((num_experts, rows, two_inter), dtype=a.dtype, device=a.device)
+    dg.m_grouped_bf16_gemm_nt_masked(a=a, b=w13, d=h, masked_m=counts, expected_m=expected_m)
+    act = situ_rows(h, beta, lin_beta, masked_counts=counts)
+    out = torch.empty((num_experts, rows, latent), dtype=a.dtype, device=a.device)
+    dg.m_grouped_bf16_gemm_nt_masked(a=act, b=w2, d=out, masked_m=counts, expected_m=expected_m)
+    return out
 
 
 def routed_masked(z, plan, w13, w2, beta, lin_beta, dg) -> torch.Tensor:
-    m, latent = z.shape
-    num_experts, two_inter, _ = w13.shape
-    k = plan.keep.shape[1]
-    expected_m = max(1, min(m, math.ceil(m * k / num_experts)))
-    sink = num_experts * m  # one extra row takes the dropped pairs' writes
-    row = torch.where(plan.keep, plan.expert * m + plan.pos, sink)
-    a = torch.empty((sink + 1, latent), dtype=z.dtype, device=z.device)
-    a[row.reshape(-1)] = z.repeat_interleave(k, dim=0)
-    a = a[:sink].view(num_experts, m, latent)
-    h = torch.empty((num_experts, m, two_inter), dtype=z.dtype, device=z.device)
-    dg.m_grouped_bf16_gemm_nt_masked(a=a, b=w13, d=h, masked_m=plan.counts, expected_m=expected_m)
-    act = _situ_bf16(h, two_inter // 2, beta, lin_beta)
-    out = torch.empty((num_experts, m, latent), dtype=z.dtype, device=z.device)
-    dg.m_grouped_bf16_gemm_nt_masked(a=act, b=w2, d=out, masked_m=plan.counts, expected_m=expected_m)
-    return _combine(out.view(num_experts * m, latent), torch.where(plan.keep, row, 0), plan, z.dtype)
+    a, row, expected_m = stage_masked(z, plan, w13.shape[0])
+    out = masked_gemms(a, plan.counts, expected_m, w13, w2, beta, lin_beta, dg)
+    return _combine(out.view(-1, z.shape[1]), torch.where(plan.keep, row, 0), plan, z.dtype)
 
 
-def routed_contiguous(z, plan, w13, w2, beta, lin_beta, dg) -> torch.Tensor:
+def stage_contiguous(z: torch.Tensor, plan: RoutingPlan, num_experts: int, align: int):
+    """Rows of z grouped by expert, each group padded to `align` rows: a [capacity, L], the
+    grouped_layout (expert of each row, -1 on padding) and the row of every pair."""
     m, latent = z.shape
-    num_experts, two_inter, _ = w13.shape
     k = plan.keep.shape[1]
-    align = int(dg.get_mk_alignment_for_contiguous_layout())
     # Static bound on the padded row count, so no host sync is needed to size the buffers.
     capacity = -(-(m * k + num_experts * (align - 1)) // align) * align
     padded = (plan.counts.long() + align - 1) // align * align
@@ -151,12 +170,24 @@ def routed_contiguous(z, plan, w13, w2, beta, lin_beta, dg) -> torch.Tensor:
     a[row.reshape(-1)] = z.repeat_interleave(k, dim=0)
     layout = torch.full((capacity + 1,), -1, dtype=torch.int32, device=z.device)
     layout[row.reshape(-1)] = plan.expert.reshape(-1).to(torch.int32)
-    layout = layout[:capacity]
-    h = torch.empty((capacity, two_inter), dtype=z.dtype, device=z.device)
-    dg.m_grouped_bf16_gemm_nt_contiguous(a=a[:capacity], b=w13, d=h, grouped_layout=layout)
-    act = _situ_bf16(h, two_inter // 2, beta, lin_beta)
-    out = torch.empty((capacity, latent), dtype=z.dtype, device=z.device)
+    return a[:capacity], layout[:capacity], row
+
+
+def contiguous_gemms(a, layout, w13, w2, beta, lin_beta, dg) -> torch.Tensor:
+    capacity, latent = a.shape
+    two_inter = w13.shape[1]
+    h = torch.empty((capacity, two_inter), dtype=a.dtype, device=a.device)
+    dg.m_grouped_bf16_gemm_nt_contiguous(a=a, b=w13, d=h, grouped_layout=layout)
+    act = situ_rows(h, beta, lin_beta, grouped_layout=layout)
+    out = torch.empty((capacity, latent), dtype=a.dtype, device=a.device)
     dg.m_grouped_bf16_gemm_nt_contiguous(a=act, b=w2, d=out, grouped_layout=layout)
+    return out
+
+
+def routed_contiguous(z, plan, w13, w2, beta, lin_beta, dg) -> torch.Tensor:
+    align = int(dg.get_mk_alignment_for_contiguous_layout())
+    a, layout, row = stage_contiguous(z, plan, w13.shape[0], align)
+    out = contiguous_gemms(a, layout, w13, w2, beta, lin_beta, dg)
     return _combine(out, torch.where(plan.keep, row, 0), plan, z.dtype)
 
 

@@ -1,0 +1,62 @@
+"""SiTU between two grouped GEMMs: h [rows, 2I] (gate | up) -> act [rows, I], one pass, BF16 out.
+
+Used by the DeepGEMM routed backend, whose GEMMs write BF16 h into group-padded buffers: rows that
+belong to no token (past a masked group's count, or -1 in a contiguous layout) are skipped, not
+computed, so the cost follows the tokens rather than the padding.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .numerics import round_to, situ
+
+
+@triton.jit
+def _situ_rows_kernel(h_ptr, out_ptr, counts_ptr, layout_ptr, inter, rows_per_group, beta, lin_beta,
+                      MODE: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+    row = tl.program_id(0)
+    if MODE == 1:  # masked: row r is token r % rows_per_group of group r // rows_per_group
+        if row % rows_per_group >= tl.load(counts_ptr + row // rows_per_group):
+            return
+    if MODE == 2:  # contiguous: padding rows carry group -1
+        if tl.load(layout_ptr + row) < 0:
+            return
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter
+    base = h_ptr + row.to(tl.int64) * 2 * inter
+    g = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(base + inter + cols, mask=mask, other=0.0).to(tl.float32)
+    act = situ(g, u, beta, lin_beta)
+    tl.store(out_ptr + row.to(tl.int64) * inter + cols, round_to(act, tl.bfloat16, INTERPRET), mask=mask)
+
+
+def situ_rows(h: torch.Tensor, beta: float, lin_beta: float, *, masked_counts: torch.Tensor | None = None,
+              grouped_layout: torch.Tensor | None = None) -> torch.Tensor:
+    """SiTU of a BF16 [..., rows, 2I] buffer into a new [..., rows, I] one. With masked_counts (int32
+    [G], h [G, rows, 2I]) or grouped_layout (int32 [rows]), rows that hold no token are left unwritten."""
+    if h.dtype != torch.bfloat16 or not h.is_contiguous() or h.shape[-1] % 2:
+        raise ValueError(f"situ_rows needs a contiguous bfloat16 [..., 2I] buffer, got {h.dtype} {tuple(h.shape)}")
+    inter = h.shape[-1] // 2
+    out = torch.empty((*h.shape[:-1], inter), dtype=h.dtype, device=h.device)
+    rows = h.numel() // (2 * inter)
+    if rows == 0:
+        return out
+    mode, rows_per_group = 0, 1
+    if masked_counts is not None:
+        mode, rows_per_group = 1, h.shape[-2]
+    elif grouped_layout is not None:
+        mode = 2
+    dummy = torch.empty(1, dtype=torch.int32, device=h.device)
+    block = min(1024, triton.next_power_of_2(inter))
+    _situ_rows_kernel[(rows, triton.cdiv(inter, block))](
+        h, out, masked_counts if masked_counts is not None else dummy,
+        grouped_layout if grouped_layout is not None else dummy,
+        inter, rows_per_group, float(beta), float(lin_beta),
+        MODE=mode, BLOCK=block, INTERPRET=os.environ.get("TRITON_INTERPRET") == "1",
+    )
+    return out

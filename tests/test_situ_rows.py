@@ -1,0 +1,47 @@
+"""The SiTU pass between DeepGEMM's grouped GEMMs (Triton; interpreted on the CPU)."""
+
+import pytest
+import torch
+
+from latent_moe_fusion.ops.math import situ
+from latent_moe_fusion.ops.triton_kernels.situ_rows import situ_rows
+
+BETA, LIN_BETA = 4.0, 25.0
+
+
+def _expected(h: torch.Tensor) -> torch.Tensor:
+    inter = h.shape[-1] // 2
+    return situ(h[..., :inter], h[..., inter:], BETA, LIN_BETA).to(torch.bfloat16)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def test_all_rows():
+    h = (torch.randn(5, 2 * 48) * 3).to(torch.bfloat16)
+    assert _rel(situ_rows(h, BETA, LIN_BETA), _expected(h)) < 4e-3
+
+
+def test_masked_groups_compute_only_their_tokens():
+    h = (torch.randn(3, 4, 2 * 40) * 3).to(torch.bfloat16)
+    counts = torch.tensor([2, 0, 4], dtype=torch.int32)
+    out = situ_rows(h, BETA, LIN_BETA, masked_counts=counts)
+    ref = _expected(h)
+    for g, c in enumerate(counts.tolist()):
+        if c:
+            assert _rel(out[g, :c], ref[g, :c]) < 4e-3
+
+
+def test_contiguous_layout_skips_padding_rows():
+    h = (torch.randn(6, 2 * 32) * 3).to(torch.bfloat16)
+    layout = torch.tensor([0, 0, -1, 1, -1, 1], dtype=torch.int32)
+    out = situ_rows(h, BETA, LIN_BETA, grouped_layout=layout)
+    keep = layout >= 0
+    assert _rel(out[keep], _expected(h)[keep]) < 4e-3
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(3, 7, dtype=torch.bfloat16), torch.zeros(3, 8)])
+def test_rejects_odd_width_or_wrong_dtype(bad):
+    with pytest.raises(ValueError, match="contiguous bfloat16"):
+        situ_rows(bad, BETA, LIN_BETA)
