@@ -20,8 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.kernel_breakdown import breakdown_markdown, kernel_times_us  # noqa: E402
 from bench.common import environment, measure_ceilings, rel_l2, time_graph_ms, time_ms, write_results  # noqa: E402
+from bench.kernel_breakdown import breakdown_markdown, kernel_times_us  # noqa: E402
 from latent_moe_fusion.model.router import localize_ids  # noqa: E402
 from latent_moe_fusion.ops.backends import backends_for  # noqa: E402
 from latent_moe_fusion.ops.deepgemm import deepgemm_status, probe_deepgemm  # noqa: E402
