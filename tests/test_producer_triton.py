@@ -9,6 +9,7 @@ from latent_moe_fusion.ops.backends import backends_for
 from latent_moe_fusion.ops.triton_kernels import producer as producer_backend
 from latent_moe_fusion.ops.triton_kernels import routed as routed_backend
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import SharedExpert, run_experts
+from latent_moe_fusion.ops.triton_kernels.producer_config import GemmTiles, ProducerConfig, pick_config
 from tests.expert_problems import make_problem, rel_l2, tolerance
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -28,6 +29,26 @@ def test_producer_matches_reference(weight_format, dtype, routing, rng_seed):
     ref_y, ref_s = p.reference_producer()
     assert rel_l2(y_n, ref_y) < tolerance(dtype)
     assert rel_l2(s_out, ref_s) < tolerance(dtype)
+
+
+@pytest.mark.parametrize("weight_format", ["bf16", "mxfp4"])
+def test_narrow_shared_tiles_cover_every_column(weight_format, rng_seed):
+    # Shared-expert programs narrower than the routed ones (bn_shared < bn), widths that leave a
+    # partial last shared tile in both GEMMs (I_s = 48, H = 80 with bn_shared = 32; K stays a
+    # multiple of the K tile, as the kernels require): outputs poisoned.
+    sizes = dict(SIZES, inter_s=48, hidden=80)
+    p = make_problem(9, weight_format=weight_format, device=DEVICE, **sizes)
+    base = pick_config(9 * sizes["top_k"], weight_format, torch.bfloat16)
+    cfg = ProducerConfig(16, GemmTiles(64, 32, 4, 1, bk_shared=16, bn_shared=32),
+                         GemmTiles(64, 32, 4, 1, bk_shared=16, bn_shared=32), base.dequant)
+    y_out = torch.full_like(p.z, float("nan"))
+    s_out = torch.full_like(p.x_s, float("nan"))
+    y_n = run_experts(*p.routed_args(), rms_weight=p.rms_weight, eps=1e-5,
+                      shared=SharedExpert(p.x_s, p.w1_s, p.w3_s, p.w2_s, s_out), out=y_out, config=cfg)
+    ref_y, ref_s = p.reference_producer()
+    assert torch.isfinite(s_out).all() and torch.isfinite(y_n).all()
+    assert rel_l2(y_n, ref_y) < tolerance(torch.bfloat16)
+    assert rel_l2(s_out, ref_s) < tolerance(torch.bfloat16)
 
 
 def test_producer_backend_layouts_on_one_rank(rng_seed):
@@ -55,3 +76,19 @@ def test_supports_names_the_problem():
     assert "multiples of 16" in routed_backend._supports(*odd.routed_args())
     odd_shared = make_problem(4, latent=64, inter=32, num_experts=8, top_k=4, hidden=72, inter_s=32)
     assert "H = 72" in producer_backend._supports(*odd_shared.producer_args())
+
+
+@pytest.mark.parametrize("value", ["16", "16x", "axb", "24x128", "8x128"])
+def test_shared_tile_override_rejects_bad_values(monkeypatch, value):
+    from latent_moe_fusion.ops.triton_kernels.producer_config import SHARED_TILES_ENV, decode_shared_tiles
+
+    monkeypatch.setenv(SHARED_TILES_ENV, value)
+    with pytest.raises(ValueError, match=SHARED_TILES_ENV):
+        decode_shared_tiles()
+
+
+def test_shared_tile_override_is_read(monkeypatch):
+    from latent_moe_fusion.ops.triton_kernels.producer_config import SHARED_TILES_ENV, decode_shared_tiles
+
+    monkeypatch.setenv(SHARED_TILES_ENV, "16x128")
+    assert decode_shared_tiles() == (16, 128)

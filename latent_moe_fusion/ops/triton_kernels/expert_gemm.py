@@ -10,9 +10,10 @@ unrounded h, act rounded once); shared rows round g and u to the activation dtyp
 unfused nn.Linear outputs are.
 L2 (down): routed rows write out = act @ W2^T in FP32 per (token, slot) pair for the combine;
 shared rows write round(act_s @ W2_s^T) straight into the fragment buffer.
-The shared branch has its own K tile (BKS): shared memory is sized for the larger branch, and a
-BF16 shared tile as deep as an MXFP4 routed one would cap the CTAs per SM that MXFP4 dequant
-needs for latency hiding.
+The shared branch has its own tile (BNS x BKS): shared memory is sized for the larger branch, and
+a BF16 shared tile as deep as an MXFP4 routed one would cap the CTAs per SM that MXFP4 dequant
+needs for latency hiding. At decode the shared gate/up GEMM is only I_s / BNS programs long in K
+= H: narrow, deeper shared tiles (BNS < BN) spread its weight stream over more SMs.
 Shared tiles come first in the grid (their K is the longest); routed programs past the last used
 block exit at once (the grid is a static bound, see moe_align.py). Integer arguments that change
 with the batch are not specialised on, so one compiled kernel serves every M.
@@ -69,7 +70,7 @@ def l1_kernel(
     latent, inter, top_k, stride_we, stride_wn, stride_se, stride_sn,
     x_ptr, w1s_ptr, w3s_ptr, act_s_ptr, hidden, inter_s, m_s,
     n_shared_tiles, tiles_n_r, tiles_n_s, beta, lin_beta,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, MXFP4: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BNS: tl.constexpr, BKS: tl.constexpr, MXFP4: tl.constexpr,
     DEQUANT: tl.constexpr, INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -77,11 +78,11 @@ def l1_kernel(
     if pid < n_shared_tiles:
         toks = (pid // tiles_n_s) * BM + cols
         valid = toks < m_s
-        n = (pid % tiles_n_s) * BN + tl.arange(0, BN)
+        n = (pid % tiles_n_s) * BNS + tl.arange(0, BNS)
         nmask = n < inter_s
         acc_g, acc_u = _dual_gemm(
             x_ptr, toks, valid, hidden, hidden, w1s_ptr, w3s_ptr, None, None, n, nmask, hidden, 0,
-            BM, BN, BKS, False, 0, INTERPRET, DOT_PREC,
+            BM, BNS, BKS, False, 0, INTERPRET, DOT_PREC,
         )
         dtype = act_s_ptr.dtype.element_ty
         g = round_to(acc_g, dtype, INTERPRET).to(tl.float32)
@@ -117,7 +118,7 @@ def l2_kernel(
     latent, inter, stride_we, stride_wn, stride_se, stride_sn,
     act_s_ptr, w2sh_ptr, ws_ptr, hidden, inter_s, m_s,
     n_shared_tiles, tiles_n_r, tiles_n_s,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, MXFP4: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BNS: tl.constexpr, BKS: tl.constexpr, MXFP4: tl.constexpr,
     DEQUANT: tl.constexpr, INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -125,10 +126,10 @@ def l2_kernel(
     if pid < n_shared_tiles:
         toks = (pid // tiles_n_s) * BM + cols
         valid = toks < m_s
-        n = (pid % tiles_n_s) * BN + tl.arange(0, BN)
+        n = (pid % tiles_n_s) * BNS + tl.arange(0, BNS)
         nmask = n < hidden
         acc = _gemm(act_s_ptr, toks, valid, inter_s, inter_s, w2sh_ptr, None, n, nmask, inter_s, 0,
-                    BM, BN, BKS, False, 0, INTERPRET, DOT_PREC)
+                    BM, BNS, BKS, False, 0, INTERPRET, DOT_PREC)
         out = round_to(acc, ws_ptr.dtype.element_ty, INTERPRET)
         tl.store(ws_ptr + toks[None, :] * hidden + n[:, None], out, mask=valid[None, :] & nmask[:, None])
     else:

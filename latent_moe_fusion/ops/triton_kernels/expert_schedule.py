@@ -97,8 +97,8 @@ def run_experts(
         m_s, hidden = x_s.shape
         inter_s = w1_s.shape[0]
         act_s = torch.empty(m_s, inter_s, dtype=z.dtype, device=dev)
-        sh_l1 = triton.cdiv(m_s, bm) * triton.cdiv(inter_s, cfg.l1.bn)
-        sh_l2 = triton.cdiv(m_s, bm) * triton.cdiv(hidden, cfg.l2.bn)
+        sh_l1 = triton.cdiv(m_s, bm) * triton.cdiv(inter_s, cfg.l1.shared_bn)
+        sh_l2 = triton.cdiv(m_s, bm) * triton.cdiv(hidden, cfg.l2.shared_bn)
     else:
         # No shared work (n_shared_tiles = 0): the shared arguments are never read; sizes like the
         # routed ones keep the compiled kernel the same as the producer's.
@@ -115,16 +115,16 @@ def run_experts(
             z, w13, w13s, sorted_pairs, block_expert, act,
             latent, inter, top_k, s13_e, s13_n, s13s_e, s13s_n,
             x_s, w1_s, w3_s, act_s, hidden, inter_s, m_s,
-            sh_l1, tiles_r1, triton.cdiv(inter_s, cfg.l1.bn), float(beta), float(lin_beta),
-            BN=cfg.l1.bn, BK=cfg.l1.bk, BKS=cfg.l1.bk_shared, **cfg.l1.launch_options(), **common,
+            sh_l1, tiles_r1, triton.cdiv(inter_s, cfg.l1.shared_bn), float(beta), float(lin_beta),
+            BN=cfg.l1.bn, BK=cfg.l1.bk, BNS=cfg.l1.shared_bn, BKS=cfg.l1.bk_shared, **cfg.l1.launch_options(), **common,
         )
     if grid2 > 0:
         l2_kernel[(grid2,)](
             act, w2, w2s, sorted_pairs, block_expert, pairs,
             latent, inter, s2_e, s2_n, s2s_e, s2s_n,
             act_s, w2_s, s_out, hidden, inter_s, m_s,
-            sh_l2, tiles_r2, triton.cdiv(hidden, cfg.l2.bn),
-            BN=cfg.l2.bn, BK=cfg.l2.bk, BKS=cfg.l2.bk_shared, **cfg.l2.launch_options(), **common,
+            sh_l2, tiles_r2, triton.cdiv(hidden, cfg.l2.shared_bn),
+            BN=cfg.l2.bn, BK=cfg.l2.bk, BNS=cfg.l2.shared_bn, BKS=cfg.l2.bk_shared, **cfg.l2.launch_options(), **common,
         )
     launch_combine(pairs, topk_ids, topk_weights, y, rms_weight, eps)
     return y

@@ -21,6 +21,11 @@ class GemmTiles:
     num_stages: int
     bk_shared: int = 0  # K tile of the shared expert's (BF16) tiles in the same launch; 0: same as bk
     maxnreg: int = 0  # register cap per thread (0: none); 128 fits 4 CTAs of 4 warps per SM
+    bn_shared: int = 0  # weight rows per shared-expert program; 0: same as bn
+
+    @property
+    def shared_bn(self) -> int:
+        return self.bn_shared or self.bn
 
     def launch_options(self) -> dict[str, int]:
         opts = dict(num_warps=self.num_warps, num_stages=self.num_stages)
@@ -69,6 +74,25 @@ def decode_block_m(num_pairs: int, num_experts: int) -> int:
     return 16 if per_expert <= 12 else 32 if per_expert <= 24 else 64
 
 
+SHARED_TILES_ENV = "LMF_PRODUCER_DECODE_SHARED_TILES"  # "BNxBK": tuning override, e.g. "16x128"
+DECODE_SHARED_TILES = (64, 32)  # (rows, K) of the MXFP4 decode shared gate/up programs
+
+
+def decode_shared_tiles() -> tuple[int, int]:
+    """The shared-expert gate/up tile of the MXFP4 decode configs. The shared GEMM is I_s / rows
+    programs deep in K = H, so narrow tiles spread its BF16 weight stream over more SMs."""
+    forced = os.environ.get(SHARED_TILES_ENV)
+    if not forced:
+        return DECODE_SHARED_TILES
+    try:
+        bn, bk = (int(v) for v in forced.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"{SHARED_TILES_ENV}={forced!r}: expected ROWSxK, e.g. 16x128") from None
+    if bn < 16 or bk < 16 or bn & (bn - 1) or bk & (bk - 1):
+        raise ValueError(f"{SHARED_TILES_ENV}={forced!r}: rows and K must be powers of two >= 16")
+    return bn, bk
+
+
 def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_experts: int = 1 << 30) -> ProducerConfig:
     if interpreting():
         # Few, wide programs: the interpreter's cost is per program and per nested jit call.
@@ -83,10 +107,11 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
             # several CTAs per SM hide its latency. With BM = 16 a 128-register cap fits 4 CTAs per SM
             # (H200: 1239 vs 1315 us at M = 32); with BM = 32 the cap costs more than it gains
             # (1691 vs 1569 us at M = 128).
+            bn_s, bk_s = decode_shared_tiles()
             if bm == 16:
-                return ProducerConfig(bm, GemmTiles(64, 256, 4, 3, 32, 128), GemmTiles(64, 128, 4, 4, 32, 128),
-                                      dequant)
-            return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, 32), GemmTiles(64, 128, 4, 4, 32), dequant)
+                return ProducerConfig(bm, GemmTiles(64, 256, 4, 3, bk_s, 128, bn_s),
+                                      GemmTiles(64, 128, 4, 4, 32, 128), dequant)
+            return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s), GemmTiles(64, 128, 4, 4, 32), dequant)
         return ProducerConfig(bm, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), dequant)
     if weight_format == "mxfp4":
         return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(128, 64, 8, 3), dequant)
