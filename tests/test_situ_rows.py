@@ -7,6 +7,7 @@ from latent_moe_fusion.ops.math import situ
 from latent_moe_fusion.ops.triton_kernels.situ_rows import situ_rows
 
 BETA, LIN_BETA = 4.0, 25.0
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _expected(h: torch.Tensor) -> torch.Tensor:
@@ -19,13 +20,13 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_all_rows():
-    h = (torch.randn(5, 2 * 48) * 3).to(torch.bfloat16)
+    h = (torch.randn(5, 2 * 48, device=DEVICE) * 3).to(torch.bfloat16)
     assert _rel(situ_rows(h, BETA, LIN_BETA), _expected(h)) < 4e-3
 
 
 def test_masked_groups_compute_only_their_tokens():
-    h = (torch.randn(3, 4, 2 * 40) * 3).to(torch.bfloat16)
-    counts = torch.tensor([2, 0, 4], dtype=torch.int32)
+    h = (torch.randn(3, 4, 2 * 40, device=DEVICE) * 3).to(torch.bfloat16)
+    counts = torch.tensor([2, 0, 4], dtype=torch.int32, device=DEVICE)
     out = situ_rows(h, BETA, LIN_BETA, masked_counts=counts)
     ref = _expected(h)
     for g, c in enumerate(counts.tolist()):
@@ -34,8 +35,8 @@ def test_masked_groups_compute_only_their_tokens():
 
 
 def test_contiguous_layout_skips_padding_rows():
-    h = (torch.randn(6, 2 * 32) * 3).to(torch.bfloat16)
-    layout = torch.tensor([0, 0, -1, 1, -1, 1], dtype=torch.int32)
+    h = (torch.randn(6, 2 * 32, device=DEVICE) * 3).to(torch.bfloat16)
+    layout = torch.tensor([0, 0, -1, 1, -1, 1], dtype=torch.int32, device=DEVICE)
     out = situ_rows(h, BETA, LIN_BETA, grouped_layout=layout)
     keep = layout >= 0
     assert _rel(out[keep], _expected(h)[keep]) < 4e-3
@@ -45,3 +46,9 @@ def test_contiguous_layout_skips_padding_rows():
 def test_rejects_odd_width_or_wrong_dtype(bad):
     with pytest.raises(ValueError, match="contiguous bfloat16"):
         situ_rows(bad, BETA, LIN_BETA)
+
+
+def test_cpu_tensors_outside_the_interpreter_fall_back_to_torch(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    h = (torch.randn(4, 2 * 16) * 3).to(torch.bfloat16)
+    assert _rel(situ_rows(h, BETA, LIN_BETA), _expected(h)) < 4e-3

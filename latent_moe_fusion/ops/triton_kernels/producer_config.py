@@ -75,7 +75,7 @@ def decode_block_m(num_pairs: int, num_experts: int) -> int:
 
 
 SHARED_TILES_ENV = "LMF_PRODUCER_DECODE_SHARED_TILES"  # "BNxBK": tuning override, e.g. "16x128"
-DECODE_SHARED_TILES = (64, 32)  # (rows, K) of the MXFP4 decode shared gate/up programs
+DECODE_SHARED_TILES = (32, 64)  # (rows, K) of the MXFP4 decode shared gate/up programs: H200 sweep, bench/results/producer_shared_tiles.md
 
 
 def decode_shared_tiles() -> tuple[int, int]:

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..math import situ as situ_math
 from .numerics import round_to, situ
 
 
@@ -46,6 +47,11 @@ def situ_rows(h: torch.Tensor, beta: float, lin_beta: float, *, masked_counts: t
     rows = h.numel() // (2 * inter)
     if rows == 0:
         return out
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    if not h.is_cuda and not interpret:
+        # CPU tensors outside the interpreter (e.g. a fake deep_gemm in a GPU session): every row, in torch.
+        out.copy_(situ_math(h[..., :inter], h[..., inter:], beta, lin_beta))
+        return out
     mode, rows_per_group = 0, 1
     if masked_counts is not None:
         mode, rows_per_group = 1, h.shape[-2]
@@ -57,6 +63,6 @@ def situ_rows(h: torch.Tensor, beta: float, lin_beta: float, *, masked_counts: t
         h, out, masked_counts if masked_counts is not None else dummy,
         grouped_layout if grouped_layout is not None else dummy,
         inter, rows_per_group, float(beta), float(lin_beta),
-        MODE=mode, BLOCK=block, INTERPRET=os.environ.get("TRITON_INTERPRET") == "1",
+        MODE=mode, BLOCK=block, INTERPRET=interpret,
     )
     return out
