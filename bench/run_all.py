@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
-BENCHMARKS = ("tail.py", "producer.py", "block.py")
+# (script, extra arguments, module it needs beyond the base install or None)
+BENCHMARKS = (
+    ("tail.py", (), None),
+    ("tail_cute.py", (), "cutlass"),
+    ("producer.py", (), None),
+    ("producer_shared_tiles.py", (), None),
+    ("block.py", (), None),
+    ("deepgemm_routed.py", ("--weight-format", "mxfp4"), "deep_gemm"),
+    ("deepgemm_routed.py", ("--weight-format", "bf16"), "deep_gemm"),
+)
 
 
 def main() -> int:
@@ -19,13 +29,14 @@ def main() -> int:
         return 1
     env = dict(os.environ, PYTHONPATH=str(BENCH_DIR.parent), PYTHONUNBUFFERED="1")
     failed = []
-    for name in BENCHMARKS:
+    for name, extra, needs in BENCHMARKS:
         script = BENCH_DIR / name
-        if not script.exists():
+        if needs is not None and importlib.util.find_spec(needs) is None:
+            print(f"== {name} skipped: the optional module {needs!r} is not installed", flush=True)
             continue
-        print(f"== {name}", flush=True)
-        if subprocess.call([sys.executable, str(script), "--out", str(BENCH_DIR / "results")], env=env):
-            failed.append(name)
+        print(f"== {name} {' '.join(extra)}", flush=True)
+        if subprocess.call([sys.executable, str(script), "--out", str(BENCH_DIR / "results"), *extra], env=env):
+            failed.append(f"{name} {' '.join(extra)}".strip())
     if failed:
         print("failed:", ", ".join(failed))
     return 1 if failed else 0
