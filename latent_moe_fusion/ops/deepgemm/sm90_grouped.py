@@ -5,7 +5,8 @@ at commit 54e2261; the fork keeps them unchanged):
 
   m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m, compiled_dims='nk')
       a [G, M_max, K] bf16, b [G, N, K] bf16, d [G, M_max, N] bf16 (rows >= masked_m[g] untouched),
-      masked_m int32 [G], expected_m > 0 a hint; sm_90 needs K % 64 == 0.
+      masked_m int32 [G], expected_m > 0 a hint; sm_90 needs K % 64 == 0, and M_max a multiple of
+      its M tile (not checked by DeepGEMM; see masked_rows).
   m_grouped_bf16_gemm_nt_contiguous(a, b, d, grouped_layout, compiled_dims='nk',
       use_psum_layout=False, ensure_zero_padding=True, expected_m_for_psum_layout=None)
       a [M, K] bf16 rows grouped by expert, each group padded to get_mk_alignment_for_contiguous_layout()
@@ -14,7 +15,7 @@ at commit 54e2261; the fork keeps them unchanged):
 Mapping: ids/weights -> a routing plan built on the device without host synchronisation (so it can
 be captured in a CUDA graph): duplicate ids within a token are merged (their weights summed,
 exactly what the contract's sum over slots gives), ids < 0 dropped. Decode sizes use the masked
-layout (A is [E, M, L]); larger M the contiguous one. L1 [2I rows: gate then up] -> SiTU in FP32
+layout (A is [E, M rounded up to 128, L]); larger M the contiguous one. L1 [2I rows: gate then up] -> SiTU in FP32
 (one Triton pass over the rows that hold tokens) -> BF16 -> L2 -> weighted FP32 sum over the top-k -> BF16.
 
 Numerics: DeepGEMM's grouped GEMMs write BF16 only, so h = z @ W13^T and each expert's L2 output
