@@ -28,7 +28,7 @@ from latent_moe_fusion.ops.triton_kernels.combine import launch_combine
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import SharedExpert, run_experts
 from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert
 from latent_moe_fusion.ops.triton_kernels.producer_config import GemmTiles, ProducerConfig, pick_config
-from latent_moe_fusion.ops.triton_kernels.weight_tiles import DEQUANT_ASM, DEQUANT_ASM_PAIRS
+from latent_moe_fusion.ops.triton_kernels.weight_tiles import DEQUANT_ASM, DEQUANT_ASM_PAIRS, DEQUANT_LUT
 
 GLOBAL_EXPERTS, LOCAL_EXPERTS, TOP_K, EP = 896, 112, 16, 8
 LATENT, INTER, HIDDEN, INTER_S = 3584, 3072, 7168, 768
@@ -159,6 +159,11 @@ def decode_candidates(fmt: str) -> dict[str, ProducerConfig]:
                                                   GemmTiles(64, 128, 4, 4, 32, 128), pairs),
         "m64x256s3k32_pairs_r128": ProducerConfig(16, GemmTiles(64, 256, 4, 3, 32, 128),
                                                   GemmTiles(64, 128, 4, 4, 32, 128), pairs),
+        # table-lookup dequantiser (bench/results/dequant_sass.md), with the default 32x64 shared tiles
+        "m64x256s3k64n32_lut_r128": ProducerConfig(16, GemmTiles(64, 256, 4, 3, 64, 128, 32),
+                                                   GemmTiles(64, 128, 4, 4, 32, 128), DEQUANT_LUT),
+        "m64x256s3k64n32_pairs_r128": ProducerConfig(16, GemmTiles(64, 256, 4, 3, 64, 128, 32),
+                                                     GemmTiles(64, 128, 4, 4, 32, 128), pairs),
     }
 
 
@@ -172,7 +177,7 @@ def prefill_candidates(fmt: str) -> dict[str, ProducerConfig]:
 def config_name(c: ProducerConfig) -> str:
     def tiles(t: GemmTiles) -> str:
         return (f"{t.bn}x{t.bk}w{t.num_warps}s{t.num_stages}" + (f"k{t.bk_shared}" if t.bk_shared else "")
-                + (f"r{t.maxnreg}" if t.maxnreg else ""))
+                + (f"n{t.bn_shared}" if t.bn_shared else "") + (f"r{t.maxnreg}" if t.maxnreg else ""))
 
     return f"bm{c.bm} l1:{tiles(c.l1)} l2:{tiles(c.l2)} dq{c.dequant}"
 

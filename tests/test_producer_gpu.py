@@ -12,6 +12,7 @@ from latent_moe_fusion.ops.triton_kernels.weight_tiles import (
     DEQUANT_ASM,
     DEQUANT_ASM_PAIRS,
     DEQUANT_DOT_SCALED,
+    DEQUANT_LUT,
     DEQUANT_TRITON,
 )
 from tests.expert_problems import make_problem, rel_l2, tolerance
@@ -77,7 +78,7 @@ def test_kimi_rank_sizes(weight_format, rng_seed):
     assert rel_l2(s, ref_s) < tolerance(torch.bfloat16)
 
 
-@pytest.mark.parametrize("dequant", [DEQUANT_TRITON, DEQUANT_ASM, DEQUANT_ASM_PAIRS, DEQUANT_DOT_SCALED])
+@pytest.mark.parametrize("dequant", [DEQUANT_TRITON, DEQUANT_ASM, DEQUANT_ASM_PAIRS, DEQUANT_DOT_SCALED, DEQUANT_LUT])
 def test_mxfp4_dequant_variants(dequant, rng_seed):
     m = 5
     p = make_problem(m, weight_format="mxfp4", device="cuda", **MID)

@@ -1,0 +1,113 @@
+"""Static SASS cost of the MXFP4 dequantisers, without a GPU: each variant's weight-step loop is
+compiled for sm_90 (Triton + its bundled ptxas) and the instructions of the main loop are counted.
+
+The kernel is the producer's L1 (`l1_kernel`: routed gate/up + SiTU, shared gate/up) with the
+MXFP4 decode configuration of `pick_config` (BM 16; routed tiles 64 rows x BK 256, 4 warps,
+3 stages, 128 registers); the routed loop is the longest loop with a dequantiser in it. Instructions
+per weight element = loop instructions x threads / (2 x rows x BK) (gate and up); the H200
+can issue about 4 per element while streaming MXFP4 at full HBM speed (producer_notes.md), so
+this count is a proxy for where decode sits. It is not a timing: measure on a GPU before
+changing a default.
+
+    PYTHONPATH=. python3 bench/dequant_sass.py --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from latent_moe_fusion.ops.triton_kernels import producer_config  # noqa: E402
+from latent_moe_fusion.ops.triton_kernels import weight_tiles as wt  # noqa: E402
+from latent_moe_fusion.ops.triton_kernels.expert_gemm import l1_kernel  # noqa: E402
+from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config  # noqa: E402
+
+VARIANTS = {"triton": wt.DEQUANT_TRITON, "asm": wt.DEQUANT_ASM, "asm_pairs": wt.DEQUANT_ASM_PAIRS,
+            "lut": wt.DEQUANT_LUT, "dot_scaled": wt.DEQUANT_DOT_SCALED}
+
+
+PTRS = {"z_ptr": "*bf16", "w13_ptr": "*u8", "w13s_ptr": "*u8", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
+        "act_ptr": "*bf16", "x_ptr": "*bf16", "w1s_ptr": "*bf16", "w3s_ptr": "*bf16", "act_s_ptr": "*bf16"}
+INTS = ("latent", "inter", "top_k", "stride_we", "stride_wn", "stride_se", "stride_sn", "hidden", "inter_s", "m_s",
+        "n_shared_tiles", "tiles_n_r", "tiles_n_s")
+
+
+def compile_l1_sm90(dequant: int) -> triton.compiler.CompiledKernel:
+    cfg = pick_config(16, "mxfp4", torch.bfloat16, 112)  # on a CPU machine: the sm_90 decode tiles
+    t = cfg.l1
+    sig = PTRS | {n: "i32" for n in INTS} | {"beta": "fp32", "lin_beta": "fp32"}
+    consts = dict(BM=cfg.bm, BN=t.bn, BK=t.bk, BNS=t.shared_bn, BKS=t.bk_shared, MXFP4=True, DEQUANT=dequant,
+                  INTERPRET=False, DOT_PREC=None)
+    sig |= {n: "constexpr" for n in consts}
+    src = ASTSource(fn=l1_kernel, signature=sig, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=t.launch_options()), cfg
+
+
+def sass_of(cubin: bytes) -> str:
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(tool), "--dump-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def main_loop(sass: str) -> list[str]:
+    """Opcodes of the longest backward-branch loop that multiplies bf16 pairs (the dequantising one;
+    the Triton variant, which converts in FP32, has none: then simply the longest loop)."""
+    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)
+    addr = [(int(a, 16), op, rest) for a, op, rest in lines]
+    best: tuple[int, int] = (0, -1)
+    for i, (a, op, rest) in enumerate(addr):
+        m = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+        if m and int(m.group(1), 16) < a:
+            start = next(j for j, x in enumerate(addr) if x[0] >= int(m.group(1), 16))
+            if i - start > best[1] - best[0]:
+                best = (start, i)
+    return [op for _, op, _ in addr[best[0]:best[1] + 1]]
+
+
+def on_sm90_machine() -> None:
+    """pick_config asks the local GPU whether it is sm_90; answer yes, and not the interpreter's tiles."""
+    producer_config._has_sm90 = lambda: True
+    producer_config.interpreting = lambda: False
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--variants", nargs="*", choices=list(VARIANTS), default=list(VARIANTS))
+    args = ap.parse_args()
+    on_sm90_machine()
+    rows = []
+    for name in args.variants:
+        kernel, cfg = compile_l1_sm90(VARIANTS[name])
+        bn, bk, threads = cfg.l1.bn, cfg.l1.bk, cfg.l1.num_warps * 32
+        ops = main_loop(sass_of(kernel.asm["cubin"]))
+        hist = collections.Counter(op.split(".")[0] for op in ops)
+        rows.append({"variant": name, "loop_instr": len(ops), "per_element": len(ops) * threads / (2 * bn * bk),
+                     "top": ", ".join(f"{k} {v}" for k, v in hist.most_common(8))})
+        print(rows[-1], flush=True)
+    lines = [f"# MXFP4 dequant: static SASS of the weight-step loop (sm_90, triton {triton.__version__})", "",
+             f"`l1_kernel`, MXFP4 decode config: {cfg}; compiled on a CPU machine, not timed.", "",
+             "| variant | loop instructions / thread | instructions / weight element | most frequent opcodes |",
+             "|---|---|---|---|"]
+    lines += [f"| {r['variant']} | {r['loop_instr']} | {r['per_element']:.2f} | {r['top']} |" for r in rows]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "dequant_sass.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""A tiny interpreter for the integer PTX the MXFP4 dequantisers use, so the very asm text the GPU
+compiles is checked on the CPU (the Triton interpreter cannot run inline asm).
+
+Covers: mov.b32, and.b32, or.b32, shl.b32, shr.b32 (logical), prmt.b32 (default mode) and
+mul.rn.bf16x2. Operands: named registers, $N arguments, decimal or hex immediates.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+MASK = 0xFFFFFFFF
+
+
+def _prmt(a: int, b: int, c: int) -> int:
+    pool = (b << 32) | a
+    out = 0
+    for i in range(4):
+        sel = (c >> (4 * i)) & 0xF
+        byte = (pool >> (8 * (sel & 7))) & 0xFF
+        if sel & 8:  # sign-replicate mode
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << (8 * i)
+    return out
+
+
+def _bf16_bits_to_f32(h: int) -> np.float32:
+    return np.array([h << 16], dtype=np.uint32).view(np.float32)[0]
+
+
+def _f32_to_bf16_bits(x: np.float32) -> int:
+    bits = int(np.array([x], dtype=np.float32).view(np.uint32)[0])
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def _mul_bf16x2(a: int, b: int) -> int:
+    out = 0
+    for half in (0, 16):
+        x = _bf16_bits_to_f32((a >> half) & 0xFFFF)
+        y = _bf16_bits_to_f32((b >> half) & 0xFFFF)
+        with np.errstate(over="ignore", under="ignore"):
+            out |= _f32_to_bf16_bits(np.float32(x * y)) << half  # exact product, then one rounding
+    return out
+
+
+_OPS = {
+    "mov.b32": lambda x: x[0],
+    "and.b32": lambda x: x[0] & x[1],
+    "or.b32": lambda x: x[0] | x[1],
+    "shl.b32": lambda x: (x[0] << x[1]) & MASK,
+    "shr.b32": lambda x: x[0] >> x[1],
+    "prmt.b32": lambda x: _prmt(*x),
+    "mul.rn.bf16x2": lambda x: _mul_bf16x2(*x),
+}
+
+
+def run_ptx(asm: str, inputs: dict[int, int], num_outputs: int) -> list[int]:
+    """Run `asm` with $k = inputs[k]; returns [$0, ..., $(num_outputs - 1)]."""
+    regs: dict[str, int] = {f"${k}": v & MASK for k, v in inputs.items()}
+
+    def value(tok: str) -> int:
+        if tok in regs:
+            return regs[tok]
+        if re.fullmatch(r"0[xX][0-9a-fA-F]+|\d+", tok):
+            return int(tok, 0) & MASK
+        raise KeyError(f"read of unset register {tok!r}")
+
+    for line in asm.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        dest, *args = [t.strip() for t in rest.split(",")]
+        if op not in _OPS:
+            raise NotImplementedError(f"ptx_emulator: {op}")
+        regs[dest] = _OPS[op]([value(t) for t in args]) & MASK
+    return [regs[f"${k}"] for k in range(num_outputs)]

@@ -1,0 +1,41 @@
+"""The inline-PTX MXFP4 dequantisers, run on the CPU through tests/ptx_emulator.py: every e2m1 code
+at every position of a packed word must come out as the exact bf16 value, in k order."""
+
+import numpy as np
+import pytest
+
+from latent_moe_fusion.ops.triton_kernels.weight_tiles import FP4_LUT_ASM, FP4_PAIRS_ASM
+from tests.ptx_emulator import run_ptx
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def expected_bf16_bits(code: int) -> int:
+    value = np.float32(-E2M1[code & 7] if code & 8 else E2M1[code & 7])
+    return int(np.array([value], dtype=np.float32).view(np.uint32)[0]) >> 16  # exact in bf16
+
+
+def words():
+    rng = np.random.default_rng(0)
+    structured = [c * 0x11111111 for c in range(16)]  # one code everywhere
+    structured += [sum(((k + s) % 16) << (4 * k) for k in range(8)) for s in range(16)]  # all codes, all slots
+    return structured + [int(w) for w in rng.integers(0, 2**32, size=300, dtype=np.uint64)]
+
+
+@pytest.mark.parametrize("asm", [FP4_PAIRS_ASM, FP4_LUT_ASM], ids=["pairs", "lut"])
+def test_every_code_at_every_position(asm):
+    for w in words():
+        out = run_ptx(asm, {4: w}, 4)
+        for k in range(8):
+            got = (out[k // 2] >> (16 * (k % 2))) & 0xFFFF
+            code = (w >> (4 * k)) & 0xF
+            assert got == expected_bf16_bits(code), f"word {w:#010x} k {k} code {code}: {got:#06x}"
+
+
+def test_emulator_prmt_matches_the_ptx_manual_examples():
+    from tests.ptx_emulator import _prmt
+
+    a, b = 0x33221100, 0x77665544
+    assert _prmt(a, b, 0x3210) == a and _prmt(a, b, 0x7654) == b
+    assert _prmt(a, b, 0x5140) == (0x55 << 24) | (0x11 << 16) | (0x44 << 8) | 0x00
+    assert _prmt(0x00000080, 0, 0x0008) & 0xFF == 0xFF  # sign-replicate mode

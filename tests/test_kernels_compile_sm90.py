@@ -1,0 +1,29 @@
+"""The producer's L1 kernel compiles for sm_90 on this CPU machine (Triton + its bundled ptxas), for
+the MXFP4 dequantisers in PTX (the default pairs variant and the table lookup): GPU-only failures (a non-constexpr global in @jit code, PTX that ptxas
+rejects) surface here instead of on the H200. The CPU interpreter cannot see them: it runs no PTX.
+
+Runs bench/dequant_sass.py in a fresh interpreter: with TRITON_INTERPRET=1 (set for this test
+session on a machine without CUDA) @triton.jit yields interpreted functions, which do not compile."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_l1_kernel_compiles_for_sm90_with_the_ptx_dequantisers(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "dequant_sass.py"), "--out", str(tmp_path),
+                           "--variants", "asm_pairs", "lut"],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = (tmp_path / "dequant_sass.md").read_text()
+    rows = {line.split("|")[1].strip(): line.split("|") for line in table.splitlines() if line.startswith("| ")}
+    for variant in ("asm_pairs", "lut"):
+        assert variant in rows, f"{variant} missing from\n{table}"
+        assert int(rows[variant][2]) > 100, f"no main loop found for {variant}"
+    # the table lookup drops the bias multiply: half the bf16x2 multiplies of the pairs variant
+    assert "HMUL2" in rows["lut"][4] and "HMUL2" in rows["asm_pairs"][4]
