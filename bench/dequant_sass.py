@@ -44,12 +44,13 @@ INTS = ("latent", "inter", "top_k", "stride_we", "stride_wn", "stride_se", "stri
         "n_shared_tiles", "tiles_n_r", "tiles_n_s")
 
 
-def compile_l1_sm90(dequant: int) -> triton.compiler.CompiledKernel:
+def compile_l1_sm90(dequant: int, tma: bool = False) -> tuple[triton.compiler.CompiledKernel, object]:
     cfg = pick_config(16, "mxfp4", torch.bfloat16, 112)  # on a CPU machine: the sm_90 decode tiles
     t = cfg.l1
-    sig = PTRS | {n: "i32" for n in INTS} | {"beta": "fp32", "lin_beta": "fp32"}
+    desc = f"tensordesc<u8[{t.bn},{t.bk // 2}]>" if tma else "*u8"
+    sig = PTRS | {"w13_desc": desc} | {n: "i32" for n in INTS} | {"beta": "fp32", "lin_beta": "fp32"}
     consts = dict(BM=cfg.bm, BN=t.bn, BK=t.bk, BNS=t.shared_bn, BKS=t.bk_shared, MXFP4=True, DEQUANT=dequant,
-                  INTERPRET=False, DOT_PREC=None)
+                  INTERPRET=False, DOT_PREC=None, WDESC=tma)
     sig |= {n: "constexpr" for n in consts}
     src = ASTSource(fn=l1_kernel, signature=sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=t.launch_options()), cfg
@@ -64,18 +65,20 @@ def sass_of(cubin: bytes) -> str:
 
 
 def main_loop(sass: str) -> list[str]:
-    """Opcodes of the longest backward-branch loop that multiplies bf16 pairs (the dequantising one;
-    the Triton variant, which converts in FP32, has none: then simply the longest loop)."""
+    """Opcodes of the K loop of the routed branch: the longest backward-branch range that multiplies
+    bf16 pairs (the dequantiser's scale) and evaluates no transcendental (MUFU: the SiTU after the
+    loop; ranges of peeled iterations can span both). Without such a range (the Triton variant
+    converts in FP32): the longest one."""
     lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)
     addr = [(int(a, 16), op, rest) for a, op, rest in lines]
-    best: tuple[int, int] = (0, -1)
+    ranges = []
     for i, (a, op, rest) in enumerate(addr):
         m = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
         if m and int(m.group(1), 16) < a:
             start = next(j for j, x in enumerate(addr) if x[0] >= int(m.group(1), 16))
-            if i - start > best[1] - best[0]:
-                best = (start, i)
-    return [op for _, op, _ in addr[best[0]:best[1] + 1]]
+            ranges.append([op for _, op, _ in addr[start:i + 1]])
+    dequant = [r for r in ranges if any(o.startswith("HMUL2") for o in r) and not any(o.startswith("MUFU") for o in r)]
+    return max(dequant or ranges, key=len, default=[])
 
 
 def on_sm90_machine() -> None:
@@ -88,22 +91,29 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--variants", nargs="*", choices=list(VARIANTS), default=list(VARIANTS))
+    ap.add_argument("--loads", nargs="*", choices=("pointers", "tma"), default=["pointers", "tma"],
+                    help="routed weight tiles through per-element pointers or tensor descriptors")
     args = ap.parse_args()
     on_sm90_machine()
     rows = []
-    for name in args.variants:
-        kernel, cfg = compile_l1_sm90(VARIANTS[name])
-        bn, bk, threads = cfg.l1.bn, cfg.l1.bk, cfg.l1.num_warps * 32
-        ops = main_loop(sass_of(kernel.asm["cubin"]))
-        hist = collections.Counter(op.split(".")[0] for op in ops)
-        rows.append({"variant": name, "loop_instr": len(ops), "per_element": len(ops) * threads / (2 * bn * bk),
-                     "top": ", ".join(f"{k} {v}" for k, v in hist.most_common(8))})
-        print(rows[-1], flush=True)
+    for loads in args.loads:
+        for name in args.variants:
+            kernel, cfg = compile_l1_sm90(VARIANTS[name], tma=loads == "tma")
+            bn, bk, threads = cfg.l1.bn, cfg.l1.bk, cfg.l1.num_warps * 32
+            ops = main_loop(sass_of(kernel.asm["cubin"]))
+            hist = collections.Counter(op.split(".")[0] for op in ops)
+            rows.append({"variant": name, "loads": loads, "loop_instr": len(ops),
+                         "per_element": len(ops) * threads / (2 * bn * bk), "LDL": hist["LDL"],
+                         "UTMALDG": hist["UTMALDG"],
+                         "top": ", ".join(f"{k} {v}" for k, v in hist.most_common(8))})
+            print(rows[-1], flush=True)
     lines = [f"# MXFP4 dequant: static SASS of the weight-step loop (sm_90, triton {triton.__version__})", "",
              f"`l1_kernel`, MXFP4 decode config: {cfg}; compiled on a CPU machine, not timed.", "",
-             "| variant | loop instructions / thread | instructions / weight element | most frequent opcodes |",
-             "|---|---|---|---|"]
-    lines += [f"| {r['variant']} | {r['loop_instr']} | {r['per_element']:.2f} | {r['top']} |" for r in rows]
+             "| variant | weight loads | loop instructions / thread | instructions / weight element | LDL | "
+             "UTMALDG | most frequent opcodes |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['variant']} | {r['loads']} | {r['loop_instr']} | {r['per_element']:.2f} | {r['LDL']} | "
+              f"{r['UTMALDG']} | {r['top']} |" for r in rows]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "dequant_sass.md").write_text("\n".join(lines) + "\n")

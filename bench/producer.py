@@ -164,6 +164,13 @@ def decode_candidates(fmt: str) -> dict[str, ProducerConfig]:
                                                    GemmTiles(64, 128, 4, 4, 32, 128), DEQUANT_LUT),
         "m64x256s3k64n32_pairs_r128": ProducerConfig(16, GemmTiles(64, 256, 4, 3, 64, 128, 32),
                                                      GemmTiles(64, 128, 4, 4, 32, 128), pairs),
+        # routed weight tiles by tensor descriptor (TMA): no per-element addresses (dequant_sass.md)
+        "m64x256s3k64n32_pairs_tma_r128": ProducerConfig(16, GemmTiles(64, 256, 4, 3, 64, 128, 32, True),
+                                                         GemmTiles(64, 128, 4, 4, 32, 128, 0, True), pairs),
+        "m64x256s3k64n32_lut_tma_r128": ProducerConfig(16, GemmTiles(64, 256, 4, 3, 64, 128, 32, True),
+                                                       GemmTiles(64, 128, 4, 4, 32, 128, 0, True), DEQUANT_LUT),
+        "m64x256s3k64n32_lut_tma": ProducerConfig(16, GemmTiles(64, 256, 4, 3, 64, 0, 32, True),
+                                                  GemmTiles(64, 128, 4, 4, 32, 0, 0, True), DEQUANT_LUT),
     }
 
 
@@ -177,7 +184,8 @@ def prefill_candidates(fmt: str) -> dict[str, ProducerConfig]:
 def config_name(c: ProducerConfig) -> str:
     def tiles(t: GemmTiles) -> str:
         return (f"{t.bn}x{t.bk}w{t.num_warps}s{t.num_stages}" + (f"k{t.bk_shared}" if t.bk_shared else "")
-                + (f"n{t.bn_shared}" if t.bn_shared else "") + (f"r{t.maxnreg}" if t.maxnreg else ""))
+                + (f"n{t.bn_shared}" if t.bn_shared else "") + (f"r{t.maxnreg}" if t.maxnreg else "")
+                + ("tma" if t.tma else ""))
 
     return f"bm{c.bm} l1:{tiles(c.l1)} l2:{tiles(c.l2)} dq{c.dequant}"
 

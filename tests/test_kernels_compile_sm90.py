@@ -17,13 +17,16 @@ def test_l1_kernel_compiles_for_sm90_with_the_ptx_dequantisers(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "dequant_sass.py"), "--out", str(tmp_path),
-                           "--variants", "asm_pairs", "lut"],
+                           "--variants", "asm_pairs", "lut", "--loads", "pointers", "tma"],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     table = (tmp_path / "dequant_sass.md").read_text()
-    rows = {line.split("|")[1].strip(): line.split("|") for line in table.splitlines() if line.startswith("| ")}
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines() if line.startswith("| ")]
+    rows = {(c[0], c[1]): c for c in cells[1:]}
     for variant in ("asm_pairs", "lut"):
-        assert variant in rows, f"{variant} missing from\n{table}"
-        assert int(rows[variant][2]) > 100, f"no main loop found for {variant}"
-    # the table lookup drops the bias multiply: half the bf16x2 multiplies of the pairs variant
-    assert "HMUL2" in rows["lut"][4] and "HMUL2" in rows["asm_pairs"][4]
+        for loads in ("pointers", "tma"):
+            assert (variant, loads) in rows, f"{variant}/{loads} missing from\n{table}"
+            assert int(rows[(variant, loads)][2]) > 100, f"no main loop found for {variant}/{loads}"
+            assert "HMUL2" in rows[(variant, loads)][6]  # the bf16x2 scale multiply is in the loop
+            tma_copies = int(rows[(variant, loads)][5])
+            assert (tma_copies > 0) == (loads == "tma"), f"{variant}/{loads}: {tma_copies} UTMALDG in the loop"

@@ -126,3 +126,18 @@ def test_opcheck_on_cuda(rng_seed):
     p = make_problem(6, device="cuda", **MID)
     torch.library.opcheck(torch.ops.lmf.routed_experts.default, p.routed_args())
     torch.library.opcheck(torch.ops.lmf.moe_shared_producer.default, p.producer_args())
+
+
+@pytest.mark.parametrize("dequant", [DEQUANT_ASM_PAIRS, DEQUANT_LUT])
+@pytest.mark.parametrize("sizes", [MID, KIMI_RANK], ids=["mid", "kimi_rank"])
+def test_mxfp4_weight_tiles_through_tensor_descriptors(dequant, sizes, rng_seed):
+    from dataclasses import replace
+
+    m = 9
+    p = make_problem(m, weight_format="mxfp4", device="cuda", **sizes)
+    base = pick_config(m * sizes["top_k"], "mxfp4", torch.bfloat16)
+    cfg = replace(base, l1=replace(base.l1, tma=True), l2=replace(base.l2, tma=True), dequant=dequant)
+    y, s = _poisoned_run(p, config=cfg)
+    ref_y, ref_s = p.reference_producer()
+    assert rel_l2(y, ref_y) < tolerance(torch.bfloat16)
+    assert rel_l2(s, ref_s) < tolerance(torch.bfloat16)

@@ -92,3 +92,32 @@ def test_shared_tile_override_is_read(monkeypatch):
 
     monkeypatch.setenv(SHARED_TILES_ENV, "16x128")
     assert decode_shared_tiles() == (16, 128)
+
+
+@pytest.mark.parametrize("weight_format", ["bf16", "mxfp4"])
+def test_weight_tiles_through_tensor_descriptors(weight_format, rng_seed):
+    # GemmTiles.tma: routed weight tiles by bulk copy over the [E * rows, K] view; partial tiles at the
+    # end of an expert read the next expert's rows (or zeros past the tensor) and must not leak in.
+    from dataclasses import replace
+
+    p = make_problem(7, weight_format=weight_format, device=DEVICE, **SIZES)
+    base = pick_config(7 * SIZES["top_k"], weight_format, torch.bfloat16)
+    cfg = replace(base, l1=replace(base.l1, tma=True), l2=replace(base.l2, tma=True))
+    y_out = torch.full_like(p.z, float("nan"))
+    s_out = torch.full_like(p.x_s, float("nan"))
+    y_n = run_experts(*p.routed_args(), rms_weight=p.rms_weight, eps=1e-5,
+                      shared=SharedExpert(p.x_s, p.w1_s, p.w3_s, p.w2_s, s_out), out=y_out, config=cfg)
+    ref_y, ref_s = p.reference_producer()
+    assert rel_l2(y_n, ref_y) < tolerance(torch.bfloat16)
+    assert rel_l2(s_out, ref_s) < tolerance(torch.bfloat16)
+
+
+def test_tensor_descriptor_tiles_refuse_unaligned_rows(rng_seed):
+    from dataclasses import replace
+
+    sizes = dict(SIZES, latent=36)  # BF16 rows of 72 bytes: not a multiple of 16 (MXFP4 rows always are)
+    p = make_problem(3, weight_format="bf16", device=DEVICE, **sizes)
+    base = pick_config(3 * sizes["top_k"], "bf16", torch.bfloat16)
+    cfg = replace(base, l1=replace(base.l1, tma=True))
+    with pytest.raises(ValueError, match="tma=False"):
+        run_experts(*p.routed_args(), config=cfg)

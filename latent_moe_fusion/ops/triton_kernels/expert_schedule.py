@@ -36,6 +36,23 @@ def _weight_strides(w: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.
     return scale, w.stride(0), w.stride(1), scale.stride(0), scale.stride(1)
 
 
+def _weight_descriptor(w: torch.Tensor, bn: int, bk: int, mxfp4: bool):
+    """Tensor descriptor over an expert weight's 2D view [E * rows, stored K] with [bn, bk] tiles
+    (bk / 2 bytes per row for packed MXFP4). The copy engine needs 16-byte aligned rows and base."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    flat = w.reshape(w.shape[0] * w.shape[1], w.shape[2])
+    cols = bk // 2 if mxfp4 else bk
+    row_bytes = flat.stride(0) * flat.element_size()
+    if not flat.is_contiguous() or row_bytes % 16 or flat.data_ptr() % 16 or cols * flat.element_size() < 16:
+        raise ValueError(
+            f"tma weight tiles need a contiguous weight with 16-byte aligned rows and tiles of >= 16 bytes "
+            f"per row (got {tuple(w.shape)} {w.dtype}, {row_bytes} bytes per row, tile {bn}x{cols}); "
+            "use a config with tma=False"
+        )
+    return TensorDescriptor.from_tensor(flat, [bn, cols])
+
+
 def resolve_config(
     z: torch.Tensor, num_pairs: int, num_experts: int, weight_format: str, inter: int,
     shared: SharedExpert | None, config: ProducerConfig | None,
@@ -105,6 +122,8 @@ def run_experts(
         x_s = w1_s = w3_s = w2_s = act_s = s_out = z
         m_s, hidden, inter_s, sh_l1, sh_l2 = 0, latent, inter, 0, 0
 
+    w13_desc = _weight_descriptor(w13, cfg.l1.bn, cfg.l1.bk, mxfp4) if cfg.l1.tma else w13
+    w2_desc = _weight_descriptor(w2, cfg.l2.bn, cfg.l2.bk, mxfp4) if cfg.l2.tma else w2
     tiles_r1 = triton.cdiv(inter, cfg.l1.bn)
     tiles_r2 = triton.cdiv(latent, cfg.l2.bn)
     grid1 = sh_l1 + nb_max * tiles_r1
@@ -112,19 +131,19 @@ def run_experts(
     common = dict(BM=bm, MXFP4=mxfp4, DEQUANT=cfg.dequant, INTERPRET=interp, DOT_PREC=prec)
     if grid1 > 0:
         l1_kernel[(grid1,)](
-            z, w13, w13s, sorted_pairs, block_expert, act,
+            z, w13, w13s, sorted_pairs, block_expert, act, w13_desc,
             latent, inter, top_k, s13_e, s13_n, s13s_e, s13s_n,
             x_s, w1_s, w3_s, act_s, hidden, inter_s, m_s,
             sh_l1, tiles_r1, triton.cdiv(inter_s, cfg.l1.shared_bn), float(beta), float(lin_beta),
-            BN=cfg.l1.bn, BK=cfg.l1.bk, BNS=cfg.l1.shared_bn, BKS=cfg.l1.bk_shared, **cfg.l1.launch_options(), **common,
+            BN=cfg.l1.bn, BK=cfg.l1.bk, BNS=cfg.l1.shared_bn, BKS=cfg.l1.bk_shared, WDESC=cfg.l1.tma, **cfg.l1.launch_options(), **common,
         )
     if grid2 > 0:
         l2_kernel[(grid2,)](
-            act, w2, w2s, sorted_pairs, block_expert, pairs,
+            act, w2, w2s, sorted_pairs, block_expert, pairs, w2_desc,
             latent, inter, s2_e, s2_n, s2s_e, s2s_n,
             act_s, w2_s, s_out, hidden, inter_s, m_s,
             sh_l2, tiles_r2, triton.cdiv(hidden, cfg.l2.shared_bn),
-            BN=cfg.l2.bn, BK=cfg.l2.bk, BNS=cfg.l2.shared_bn, BKS=cfg.l2.bk_shared, **cfg.l2.launch_options(), **common,
+            BN=cfg.l2.bn, BK=cfg.l2.bk, BNS=cfg.l2.shared_bn, BKS=cfg.l2.bk_shared, WDESC=cfg.l2.tma, **cfg.l2.launch_options(), **common,
         )
     launch_combine(pairs, topk_ids, topk_weights, y, rms_weight, eps)
     return y

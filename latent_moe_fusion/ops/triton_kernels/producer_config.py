@@ -22,6 +22,7 @@ class GemmTiles:
     bk_shared: int = 0  # K tile of the shared expert's (BF16) tiles in the same launch; 0: same as bk
     maxnreg: int = 0  # register cap per thread (0: none); 128 fits 4 CTAs of 4 warps per SM
     bn_shared: int = 0  # weight rows per shared-expert program; 0: same as bn
+    tma: bool = False  # routed weight tiles through tensor descriptors (bulk copies) instead of pointers
 
     @property
     def shared_bn(self) -> int:

@@ -253,14 +253,26 @@ def _dequant_lut(packed, scales, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.c
 
 
 @triton.jit
+def _weight_bytes(w_ptr, rows, row_mask, col0, stride_w, desc, row0, COLS: tl.constexpr, WDESC: tl.constexpr):
+    """[BN, COLS] stored elements from column col0: through a tensor descriptor (TMA: one copy per
+    tile, no per-element addresses; rows past the tensor read as zero) or per-element pointers."""
+    if WDESC:
+        return desc.load([row0, col0])
+    else:
+        cols = col0 + tl.arange(0, COLS)
+        return tl.load(w_ptr + rows[:, None] * stride_w + cols[None, :], mask=row_mask[:, None], other=0)
+
+
+@triton.jit
 def load_weight_tile(
-    w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s,
+    w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s, desc, row0,
     BN: tl.constexpr, BK: tl.constexpr, MXFP4: tl.constexpr, DEQUANT: tl.constexpr, DTYPE: tl.constexpr,
+    WDESC: tl.constexpr,
 ):
-    """Rows `rows` [BN], columns k0..k0+BK of one expert's weight, as a [BN, BK] tile in DTYPE."""
+    """Rows `rows` [BN] (= row0 + 0..BN-1 of the descriptor's 2D view when WDESC), columns
+    k0..k0+BK of one expert's weight, as a [BN, BK] tile in DTYPE."""
     if MXFP4:
-        kb = k0 // 2 + tl.arange(0, BK // 2)
-        packed = tl.load(w_ptr + rows[:, None] * stride_w + kb[None, :], mask=row_mask[:, None], other=0)
+        packed = _weight_bytes(w_ptr, rows, row_mask, k0 // 2, stride_w, desc, row0, BK // 2, WDESC)
         ks = k0 // 32 + tl.arange(0, BK // 32)
         scales = tl.load(s_ptr + rows[:, None] * stride_s + ks[None, :], mask=row_mask[:, None], other=127)
         if DEQUANT == _ASM:
@@ -272,16 +284,15 @@ def load_weight_tile(
         else:
             tile = _dequant_triton(packed, scales, BN, BK, DTYPE)
     else:
-        kk = k0 + tl.arange(0, BK)
-        tile = tl.load(w_ptr + rows[:, None] * stride_w + kk[None, :], mask=row_mask[:, None], other=0.0)
+        tile = _weight_bytes(w_ptr, rows, row_mask, k0, stride_w, desc, row0, BK, WDESC)
     return tile
 
 
 @triton.jit
-def load_packed_tile(w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s, BK: tl.constexpr):
+def load_packed_tile(w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s, desc, row0, BK: tl.constexpr,
+                     WDESC: tl.constexpr):
     """Packed MXFP4 tile and its scales as stored (for tl.dot_scaled)."""
-    kb = k0 // 2 + tl.arange(0, BK // 2)
-    packed = tl.load(w_ptr + rows[:, None] * stride_w + kb[None, :], mask=row_mask[:, None], other=0)
+    packed = _weight_bytes(w_ptr, rows, row_mask, k0 // 2, stride_w, desc, row0, BK // 2, WDESC)
     ks = k0 // 32 + tl.arange(0, BK // 32)
     scales = tl.load(s_ptr + rows[:, None] * stride_s + ks[None, :], mask=row_mask[:, None], other=127)
     return packed, scales
@@ -299,16 +310,17 @@ def mma(w, a, acc, INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr):
 
 @triton.jit
 def weight_step(
-    w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s, a, acc,
+    w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s, a, acc, desc, row0,
     BN: tl.constexpr, BK: tl.constexpr, MXFP4: tl.constexpr, DEQUANT: tl.constexpr,
-    INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr,
+    INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, WDESC: tl.constexpr,
 ):
-    """acc + W[rows, k0:k0+BK] @ a, a [BK, BM] in the activation dtype."""
+    """acc + W[rows, k0:k0+BK] @ a, a [BK, BM] in the activation dtype (W through `desc` if WDESC)."""
     if MXFP4 and DEQUANT == _DOT_SCALED:
-        packed, scales = load_packed_tile(w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s, BK)
+        packed, scales = load_packed_tile(w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s, desc, row0, BK, WDESC)
         return tl.dot_scaled(packed, scales, "e2m1", a, None, "bf16", acc, fast_math=True)
     else:
-        w = load_weight_tile(w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s, BN, BK, MXFP4, DEQUANT, a.dtype)
+        w = load_weight_tile(w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s, desc, row0,
+                             BN, BK, MXFP4, DEQUANT, a.dtype, WDESC)
         return mma(w, a, acc, INTERPRET, DOT_PREC)
 
 
