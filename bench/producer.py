@@ -176,9 +176,14 @@ def decode_candidates(fmt: str) -> dict[str, ProducerConfig]:
 
 def prefill_candidates(fmt: str) -> dict[str, ProducerConfig]:
     d = DEQUANT_ASM_PAIRS
+    tma = dict(tma=True)
     if fmt == "bf16":
-        return {"p128_l2_256": ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(256, 64, 8, 3), d)}
-    return {"p128_128x64s3": ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(128, 64, 8, 3), d)}
+        return {"p128_l2_256": ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(256, 64, 8, 3), d),
+                "p128_l2_256_tma": ProducerConfig(128, GemmTiles(128, 64, 8, 3, **tma), GemmTiles(256, 64, 8, 3, **tma), d)}
+    return {"p128_128x64s3": ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(128, 64, 8, 3), d),
+            "p128_128x64s3_tma": ProducerConfig(128, GemmTiles(128, 64, 8, 3, **tma), GemmTiles(128, 64, 8, 3, **tma), d),
+            "p128_128x64s3_lut_tma": ProducerConfig(128, GemmTiles(128, 64, 8, 3, **tma), GemmTiles(128, 64, 8, 3, **tma),
+                                                    DEQUANT_LUT)}
 
 
 def config_name(c: ProducerConfig) -> str:
