@@ -1,10 +1,11 @@
 """Static SASS cost of the MXFP4 dequantisers, without a GPU: each variant's weight-step loop is
 compiled for sm_90 (Triton + its bundled ptxas) and the instructions of the main loop are counted.
 
-The kernel is the producer's L1 (`l1_kernel`: routed gate/up + SiTU, shared gate/up) with the
-MXFP4 decode configuration of `pick_config` (BM 16; routed tiles 64 rows x BK 256, 4 warps,
-3 stages, 128 registers); the routed loop is the longest loop with a dequantiser in it. Instructions
-per weight element = loop instructions x threads / (2 x rows x BK) (gate and up); the H200
+The kernels are the producer's L1 (`l1_kernel`: routed gate/up + SiTU, shared gate/up) and L2
+(`l2_kernel`: routed down, shared down) with the MXFP4 decode configuration of `pick_config`
+(BM 16; L1 routed tiles 64 rows x BK 256, 4 warps, 3 stages, 128 registers; L2 64 x 128, 4 stages);
+the routed loop is the longest loop with a dequantiser in it. Instructions per weight element =
+loop instructions x threads / (rows x BK per step; L1 loads a gate and an up tile); the H200
 can issue about 4 per element while streaming MXFP4 at full HBM speed (producer_notes.md), so
 this count is a proxy for where decode sits. It is not a timing: measure on a GPU before
 changing a default.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import re
 import subprocess
 import sys
@@ -31,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latent_moe_fusion.ops.triton_kernels import producer_config  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels import weight_tiles as wt  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.expert_gemm import l1_kernel  # noqa: E402
+from latent_moe_fusion.ops.triton_kernels.expert_gemm import l1_kernel, l2_kernel  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config  # noqa: E402
 
 VARIANTS = {"triton": wt.DEQUANT_TRITON, "asm": wt.DEQUANT_ASM, "asm_pairs": wt.DEQUANT_ASM_PAIRS,
@@ -42,6 +44,26 @@ PTRS = {"z_ptr": "*bf16", "w13_ptr": "*u8", "w13s_ptr": "*u8", "sorted_ptr": "*i
         "act_ptr": "*bf16", "x_ptr": "*bf16", "w1s_ptr": "*bf16", "w3s_ptr": "*bf16", "act_s_ptr": "*bf16"}
 INTS = ("latent", "inter", "top_k", "stride_we", "stride_wn", "stride_se", "stride_sn", "hidden", "inter_s", "m_s",
         "n_shared_tiles", "tiles_n_r", "tiles_n_s")
+
+
+L2_PTRS = {"act_ptr": "*bf16", "w2_ptr": "*u8", "w2s_ptr": "*u8", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
+           "pairs_ptr": "*fp32"}
+L2_INTS = ("latent", "inter", "stride_we", "stride_wn", "stride_se", "stride_sn")
+L2_SHARED = {"act_s_ptr": "*bf16", "w2sh_ptr": "*bf16", "ws_ptr": "*bf16"}
+L2_TAIL_INTS = ("hidden", "inter_s", "m_s", "n_shared_tiles", "tiles_n_r", "tiles_n_s")
+
+
+def compile_l2_sm90(dequant: int, tma: bool = False) -> tuple[triton.compiler.CompiledKernel, object]:
+    cfg = pick_config(16, "mxfp4", torch.bfloat16, 112)
+    t = cfg.l2
+    desc = f"tensordesc<u8[{t.bn},{t.bk // 2}]>" if tma else "*u8"
+    sig = (L2_PTRS | {"w2_desc": desc} | {n: "i32" for n in L2_INTS} | L2_SHARED
+           | {n: "i32" for n in L2_TAIL_INTS})
+    consts = dict(BM=cfg.bm, BN=t.bn, BK=t.bk, BNS=t.shared_bn, BKS=t.bk_shared, MXFP4=True, DEQUANT=dequant,
+                  INTERPRET=False, DOT_PREC=None, WDESC=tma)
+    sig |= {n: "constexpr" for n in consts}
+    src = ASTSource(fn=l2_kernel, signature=sig, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=t.launch_options()), cfg
 
 
 def compile_l1_sm90(dequant: int, tma: bool = False) -> tuple[triton.compiler.CompiledKernel, object]:
@@ -91,29 +113,30 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--variants", nargs="*", choices=list(VARIANTS), default=list(VARIANTS))
+    ap.add_argument("--kernels", nargs="*", choices=("l1", "l2"), default=["l1", "l2"])
     ap.add_argument("--loads", nargs="*", choices=("pointers", "tma"), default=["pointers", "tma"],
                     help="routed weight tiles through per-element pointers or tensor descriptors")
     args = ap.parse_args()
     on_sm90_machine()
     rows = []
-    for loads in args.loads:
-        for name in args.variants:
-            kernel, cfg = compile_l1_sm90(VARIANTS[name], tma=loads == "tma")
-            bn, bk, threads = cfg.l1.bn, cfg.l1.bk, cfg.l1.num_warps * 32
-            ops = main_loop(sass_of(kernel.asm["cubin"]))
-            hist = collections.Counter(op.split(".")[0] for op in ops)
-            rows.append({"variant": name, "loads": loads, "loop_instr": len(ops),
-                         "per_element": len(ops) * threads / (2 * bn * bk), "LDL": hist["LDL"],
-                         "UTMALDG": hist["UTMALDG"],
-                         "top": ", ".join(f"{k} {v}" for k, v in hist.most_common(8))})
-            print(rows[-1], flush=True)
+    for which, loads, name in itertools.product(args.kernels, args.loads, args.variants):
+        build = compile_l1_sm90 if which == "l1" else compile_l2_sm90
+        kernel, cfg = build(VARIANTS[name], tma=loads == "tma")
+        tiles = cfg.l1 if which == "l1" else cfg.l2
+        per_step = (2 if which == "l1" else 1) * tiles.bn * tiles.bk  # L1: a gate and an up tile per step
+        ops = main_loop(sass_of(kernel.asm["cubin"]))
+        hist = collections.Counter(op.split(".")[0] for op in ops)
+        rows.append({"kernel": which, "variant": name, "loads": loads, "loop_instr": len(ops),
+                     "per_element": len(ops) * tiles.num_warps * 32 / per_step, "LDL": hist["LDL"],
+                     "UTMALDG": hist["UTMALDG"], "top": ", ".join(f"{k} {v}" for k, v in hist.most_common(8))})
+        print(rows[-1], flush=True)
     lines = [f"# MXFP4 dequant: static SASS of the weight-step loop (sm_90, triton {triton.__version__})", "",
-             f"`l1_kernel`, MXFP4 decode config: {cfg}; compiled on a CPU machine, not timed.", "",
-             "| variant | weight loads | loop instructions / thread | instructions / weight element | LDL | "
+             f"`l1_kernel` / `l2_kernel`, MXFP4 decode config: {cfg}; compiled on a CPU machine, not timed.", "",
+             "| kernel | variant | weight loads | loop instructions / thread | instructions / weight element | LDL | "
              "UTMALDG | most frequent opcodes |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['variant']} | {r['loads']} | {r['loop_instr']} | {r['per_element']:.2f} | {r['LDL']} | "
-              f"{r['UTMALDG']} | {r['top']} |" for r in rows]
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['kernel']} | {r['variant']} | {r['loads']} | {r['loop_instr']} | {r['per_element']:.2f} | "
+              f"{r['LDL']} | {r['UTMALDG']} | {r['top']} |" for r in rows]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "dequant_sass.md").write_text("\n".join(lines) + "\n")
