@@ -68,6 +68,14 @@ def _gemm(
     return acc
 
 
+@triton.jit
+def _shared_tile(pid, tiles_n, m_s, n_total, BM: tl.constexpr, BNS: tl.constexpr):
+    """Shared-expert program pid: its BM token rows and BNS output columns, with their masks."""
+    toks = (pid // tiles_n) * BM + tl.arange(0, BM)
+    n = (pid % tiles_n) * BNS + tl.arange(0, BNS)
+    return toks, toks < m_s, n, n < n_total
+
+
 @triton.jit(do_not_specialize=["m_s", "n_shared_tiles", "tiles_n_r", "tiles_n_s"])
 def l1_kernel(
     z_ptr, w13_ptr, w13s_ptr, sorted_ptr, block_expert_ptr, act_ptr, w13_desc,
@@ -80,10 +88,7 @@ def l1_kernel(
     pid = tl.program_id(0)
     cols = tl.arange(0, BM)
     if pid < n_shared_tiles:
-        toks = (pid // tiles_n_s) * BM + cols
-        valid = toks < m_s
-        n = (pid % tiles_n_s) * BNS + tl.arange(0, BNS)
-        nmask = n < inter_s
+        toks, valid, n, nmask = _shared_tile(pid, tiles_n_s, m_s, inter_s, BM, BNS)
         acc_g, acc_u = _dual_gemm(
             x_ptr, toks, valid, hidden, hidden, w1s_ptr, w3s_ptr, None, None, n, nmask, hidden, 0, None, 0, 0,
             BM, BNS, BKS, False, 0, INTERPRET, DOT_PREC, False,
@@ -129,10 +134,7 @@ def l2_kernel(
     pid = tl.program_id(0)
     cols = tl.arange(0, BM)
     if pid < n_shared_tiles:
-        toks = (pid // tiles_n_s) * BM + cols
-        valid = toks < m_s
-        n = (pid % tiles_n_s) * BNS + tl.arange(0, BNS)
-        nmask = n < hidden
+        toks, valid, n, nmask = _shared_tile(pid, tiles_n_s, m_s, hidden, BM, BNS)
         acc = _gemm(act_s_ptr, toks, valid, inter_s, inter_s, w2sh_ptr, None, n, nmask, inter_s, 0, None, 0,
                     BM, BNS, BKS, False, 0, INTERPRET, DOT_PREC, False)
         out = round_to(acc, ws_ptr.dtype.element_ty, INTERPRET)
