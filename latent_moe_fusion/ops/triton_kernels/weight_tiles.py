@@ -223,12 +223,19 @@ def _fp4_pairs_to_bf16_asm(packed):
 
 
 @triton.jit
-def _dequant_asm_pairs(packed, scales, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.constexpr):
-    r0, r1 = _fp4_pairs_to_bf16_asm(packed)
+def _scaled_k_order(r0, r1, scales, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.constexpr):
+    """Outputs of a k-order pair dequantiser ((k0..k3), (k4..k7) per 4 packed bytes) as the [BN, BK]
+    tile times the block scales. E8M0 -> bf16 2^(s - 127) is the byte in the exponent field (0 -> 0,
+    see the module note)."""
     w = tl.join(r0, r1).reshape(BN, BK // 8, 4, 2).permute(0, 1, 3, 2).reshape(BN, BK // 32, 32)
-    # E8M0 -> bf16 2^(s - 127) is the byte in the exponent field (0 -> 0, see the module note).
     scale = (scales.to(tl.uint16) << 7).to(tl.bfloat16, bitcast=True)
     return (w * scale[:, :, None]).reshape(BN, BK).to(DTYPE)
+
+
+@triton.jit
+def _dequant_asm_pairs(packed, scales, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.constexpr):
+    r0, r1 = _fp4_pairs_to_bf16_asm(packed)
+    return _scaled_k_order(r0, r1, scales, BN, BK, DTYPE)
 
 
 @triton.jit
@@ -247,9 +254,7 @@ def _fp4_pairs_to_bf16_lut(packed):
 @triton.jit
 def _dequant_lut(packed, scales, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.constexpr):
     r0, r1 = _fp4_pairs_to_bf16_lut(packed)
-    w = tl.join(r0, r1).reshape(BN, BK // 8, 4, 2).permute(0, 1, 3, 2).reshape(BN, BK // 32, 32)
-    scale = (scales.to(tl.uint16) << 7).to(tl.bfloat16, bitcast=True)
-    return (w * scale[:, :, None]).reshape(BN, BK).to(DTYPE)
+    return _scaled_k_order(r0, r1, scales, BN, BK, DTYPE)
 
 
 @triton.jit
