@@ -7,14 +7,13 @@ computed, so the cost follows the tokens rather than the padding.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ..math import situ as situ_math
 from .numerics import round_to, situ
+from .producer_config import interpreting
 
 
 @triton.jit
@@ -47,7 +46,7 @@ def situ_rows(h: torch.Tensor, beta: float, lin_beta: float, *, masked_counts: t
     rows = h.numel() // (2 * inter)
     if rows == 0:
         return out
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    interpret = interpreting()
     if not h.is_cuda and not interpret:
         # CPU tensors outside the interpreter (e.g. a fake deep_gemm in a GPU session): every row, in torch.
         out.copy_(situ_math(h[..., :inter], h[..., inter:], beta, lin_beta))
