@@ -37,43 +37,29 @@ _LUT = tl.constexpr(DEQUANT_LUT)
 # PTX bodies of the inline-asm dequantisers (module constants so that tests/ptx_emulator.py can run
 # the very text the GPU compiles). $4 holds 4 packed bytes = 8 codes, code k in bits 4k..4k+3;
 # $0..$3 receive the bf16x2 pairs (k0, k1), (k2, k3), (k4, k5), (k6, k7).
-FP4_PAIRS_ASM = """
+# One bf16x2 pair per output word: prmt picks byte i's even code (low half) and odd code (high
+# half), then the bias trick (see _fp4_pairs_to_bf16_asm). Selectors for the pairs (k0, k1) .. (k6, k7).
+_PAIR_WORD = """        prmt.b32 r, lo, hi, {sel};
+        shl.b32 x, r, 6;
+        and.b32 x, x, 0x01C001C0;
+        shl.b32 y, r, 12;
+        and.b32 y, y, 0x80008000;
+        or.b32 x, x, y;
+        mul.rn.bf16x2 ${out}, x, bias;
+"""
+FP4_PAIRS_ASM = (
+    """
         {
         .reg .b32 lo, hi, bias, r, x, y;
         mov.b32 bias, 0x7E807E80;
         and.b32 lo, $4, 0x0F0F0F0F;
         shr.b32 hi, $4, 4;
         and.b32 hi, hi, 0x0F0F0F0F;
-        prmt.b32 r, lo, hi, 0x5410;
-        shl.b32 x, r, 6;
-        and.b32 x, x, 0x01C001C0;
-        shl.b32 y, r, 12;
-        and.b32 y, y, 0x80008000;
-        or.b32 x, x, y;
-        mul.rn.bf16x2 $0, x, bias;
-        prmt.b32 r, lo, hi, 0x6521;
-        shl.b32 x, r, 6;
-        and.b32 x, x, 0x01C001C0;
-        shl.b32 y, r, 12;
-        and.b32 y, y, 0x80008000;
-        or.b32 x, x, y;
-        mul.rn.bf16x2 $1, x, bias;
-        prmt.b32 r, lo, hi, 0x7632;
-        shl.b32 x, r, 6;
-        and.b32 x, x, 0x01C001C0;
-        shl.b32 y, r, 12;
-        and.b32 y, y, 0x80008000;
-        or.b32 x, x, y;
-        mul.rn.bf16x2 $2, x, bias;
-        prmt.b32 r, lo, hi, 0x4703;
-        shl.b32 x, r, 6;
-        and.b32 x, x, 0x01C001C0;
-        shl.b32 y, r, 12;
-        and.b32 y, y, 0x80008000;
-        or.b32 x, x, y;
-        mul.rn.bf16x2 $3, x, bias;
-        }
+"""
+    + "".join(_PAIR_WORD.format(sel=sel, out=out) for out, sel in enumerate(("0x5410", "0x6521", "0x7632", "0x4703")))
+    + """        }
         """
+)
 
 # Table lookup: the low 16 bits of a prmt selector are 4 byte indices into the 8 bytes {b, a}.
 # Indexed by the magnitude (code & 7): high bytes 00 3F 3F 3F 40 40 40 40 and low bytes
