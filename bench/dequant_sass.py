@@ -50,7 +50,7 @@ L2_PTRS = {"act_ptr": "*bf16", "w2_ptr": "*u8", "w2s_ptr": "*u8", "sorted_ptr": 
            "pairs_ptr": "*fp32"}
 L2_INTS = ("latent", "inter", "stride_we", "stride_wn", "stride_se", "stride_sn")
 L2_SHARED = {"act_s_ptr": "*bf16", "w2sh_ptr": "*bf16", "ws_ptr": "*bf16"}
-L2_TAIL_INTS = ("hidden", "inter_s", "m_s", "n_shared_tiles", "tiles_n_r", "tiles_n_s")
+L2_TAIL_INTS = ("hidden", "inter_s", "m_s", "n_shared_tiles", "tiles_n_r", "tiles_n_s", "num_pairs")
 
 
 def compile_l2_sm90(dequant: int, tma: bool = False) -> tuple[triton.compiler.CompiledKernel, object]:
@@ -60,7 +60,7 @@ def compile_l2_sm90(dequant: int, tma: bool = False) -> tuple[triton.compiler.Co
     sig = (L2_PTRS | {"w2_desc": desc} | {n: "i32" for n in L2_INTS} | L2_SHARED
            | {n: "i32" for n in L2_TAIL_INTS})
     consts = dict(BM=cfg.bm, BN=t.bn, BK=t.bk, BNS=t.shared_bn, BKS=t.bk_shared, MXFP4=True, DEQUANT=dequant,
-                  INTERPRET=False, DOT_PREC=None, WDESC=tma)
+                  INTERPRET=False, DOT_PREC=None, WDESC=tma, SPLIT=t.split_k)
     sig |= {n: "constexpr" for n in consts}
     src = ASTSource(fn=l2_kernel, signature=sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=t.launch_options()), cfg
@@ -70,9 +70,10 @@ def compile_l1_sm90(dequant: int, tma: bool = False) -> tuple[triton.compiler.Co
     cfg = pick_config(16, "mxfp4", torch.bfloat16, 112)  # on a CPU machine: the sm_90 decode tiles
     t = cfg.l1
     desc = f"tensordesc<u8[{t.bn},{t.bk // 2}]>" if tma else "*u8"
-    sig = PTRS | {"w13_desc": desc} | {n: "i32" for n in INTS} | {"beta": "fp32", "lin_beta": "fp32"}
+    sig = (PTRS | {"w13_desc": desc} | {n: "i32" for n in INTS} | {"beta": "fp32", "lin_beta": "fp32"}
+           | {"h_part_ptr": "*fp32", "hs_part_ptr": "*fp32", "n_rows_r": "i32"})
     consts = dict(BM=cfg.bm, BN=t.bn, BK=t.bk, BNS=t.shared_bn, BKS=t.bk_shared, MXFP4=True, DEQUANT=dequant,
-                  INTERPRET=False, DOT_PREC=None, WDESC=tma)
+                  INTERPRET=False, DOT_PREC=None, WDESC=tma, SPLIT=t.split_k)
     sig |= {n: "constexpr" for n in consts}
     src = ASTSource(fn=l1_kernel, signature=sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=t.launch_options()), cfg

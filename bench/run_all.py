@@ -15,6 +15,8 @@ BENCHMARKS = (
     ("tail_cute.py", (), "cutlass"),
     ("producer.py", (), None),
     ("producer_shared_tiles.py", (), None),
+    ("producer_weight_loads.py", (), None),
+    ("producer_split_k.py", (), None),
     ("block.py", (), None),
     ("deepgemm_routed.py", ("--weight-format", "mxfp4"), "deep_gemm"),
     ("deepgemm_routed.py", ("--weight-format", "bf16"), "deep_gemm"),

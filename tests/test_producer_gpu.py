@@ -141,3 +141,20 @@ def test_mxfp4_weight_tiles_through_tensor_descriptors(dequant, sizes, rng_seed)
     ref_y, ref_s = p.reference_producer()
     assert rel_l2(y, ref_y) < tolerance(torch.bfloat16)
     assert rel_l2(s, ref_s) < tolerance(torch.bfloat16)
+
+
+@pytest.mark.parametrize("weight_format", ["bf16", "mxfp4"])
+@pytest.mark.parametrize("splits", [(2, 2), (4, 3)])
+@pytest.mark.parametrize("m", [1, 9])
+def test_split_k_at_kimi_rank_sizes(weight_format, splits, m, rng_seed):
+    from dataclasses import replace
+
+    p = make_problem(m, weight_format=weight_format, device="cuda", **KIMI_RANK)
+    base = pick_config(m * KIMI_RANK["top_k"], weight_format, torch.bfloat16)
+    cfg = replace(base, l1=replace(base.l1, split_k=splits[0]), l2=replace(base.l2, split_k=splits[1]))
+    y, s = _poisoned_run(p, config=cfg)
+    y2, s2 = _poisoned_run(p, config=cfg)
+    ref_y, ref_s = p.reference_producer()
+    assert rel_l2(y, ref_y) < tolerance(torch.bfloat16)
+    assert rel_l2(s, ref_s) < tolerance(torch.bfloat16)
+    assert torch.equal(y, y2) and torch.equal(s, s2)

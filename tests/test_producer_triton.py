@@ -121,3 +121,33 @@ def test_tensor_descriptor_tiles_refuse_unaligned_rows(rng_seed):
     cfg = replace(base, l1=replace(base.l1, tma=True))
     with pytest.raises(ValueError, match="tma=False"):
         run_experts(*p.routed_args(), config=cfg)
+
+
+@pytest.mark.parametrize("weight_format,shared", [("mxfp4", True), ("bf16", False)], ids=["producer", "routed_only"])
+def test_split_k_matches_reference_and_is_deterministic(weight_format, shared, rng_seed):
+    # L1 in 3 K slices, L2 in 4: with K = 64 in tiles of 32 the last slice of L1 and the last two of
+    # L2 are empty (they must add 0). Outputs poisoned; two runs bitwise equal (slices summed in order).
+    p = make_problem(9, weight_format=weight_format, device=DEVICE, **SIZES)
+    base = pick_config(9 * SIZES["top_k"], weight_format, torch.bfloat16)
+    cfg = ProducerConfig(16, GemmTiles(32, 32, 4, 1, split_k=3), GemmTiles(32, 32, 4, 1, split_k=4), base.dequant)
+    runs = []
+    for _ in range(2):
+        y_out = torch.full_like(p.z, float("nan"))
+        s_out = torch.full_like(p.x_s, float("nan"))
+        sh = SharedExpert(p.x_s, p.w1_s, p.w3_s, p.w2_s, s_out) if shared else None
+        y = run_experts(*p.routed_args(), rms_weight=p.rms_weight if shared else None, eps=1e-5, shared=sh,
+                        out=y_out, config=cfg)
+        runs.append((y.clone(), s_out.clone()))
+    (y, s_out), (y2, s2) = runs
+    assert torch.equal(y, y2) and (not shared or torch.equal(s_out, s2))
+    if shared:
+        ref_y, ref_s = p.reference_producer()
+        assert rel_l2(s_out, ref_s) < tolerance(torch.bfloat16)
+    else:
+        ref_y = p.reference_routed()
+    assert rel_l2(y, ref_y) < tolerance(torch.bfloat16)
+
+
+def test_split_k_must_be_positive():
+    with pytest.raises(ValueError, match="split_k must be >= 1"):
+        GemmTiles(64, 64, 4, 1, split_k=0)

@@ -4,6 +4,8 @@ One program per token row: the K slot rows [L] of FP32 expert outputs are weight
 slot order (no atomics: the result is bitwise the same on every run), rounded to the activation
 dtype (y), then, with NORM, y_n = round(float(y) * rsqrt(mean(float(y)^2) + eps) * w) in FP32.
 Slots with ids < 0 read nothing. The slot loop is unrolled so all K row loads are in flight at once.
+With L2 split along K (SPLIT slices, pairs [SPLIT, M * K, L]) each slot's row is first the sum of
+its slices in slice order.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from .producer_config import interpreting
 
 @triton.jit
 def combine_kernel(
-    pairs_ptr, ids_ptr, weights_ptr, out_ptr, rms_ptr, eps, latent,
-    TOP_K: tl.constexpr, BLOCK_L: tl.constexpr, NORM: tl.constexpr, INTERPRET: tl.constexpr,
+    pairs_ptr, ids_ptr, weights_ptr, out_ptr, rms_ptr, eps, latent, slice_stride,
+    TOP_K: tl.constexpr, BLOCK_L: tl.constexpr, NORM: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr,
 ):
     m = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_L)
@@ -30,6 +32,8 @@ def combine_kernel(
         w = tl.load(weights_ptr + m * TOP_K + j)
         hit = expert >= 0
         row = tl.load(pairs_ptr + (m * TOP_K + j) * latent + cols, mask=cmask & hit, other=0.0)
+        for s in tl.static_range(1, SPLIT):
+            row += tl.load(pairs_ptr + s * slice_stride + (m * TOP_K + j) * latent + cols, mask=cmask & hit, other=0.0)
         acc += tl.where(hit, w, 0.0) * row
     dtype = out_ptr.dtype.element_ty
     y = round_to(acc, dtype, INTERPRET)
@@ -46,13 +50,16 @@ def launch_combine(
     pairs: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor,
     rms_weight: torch.Tensor | None, eps: float,
 ) -> None:
+    """pairs: [M * K, L] FP32, or [SPLIT, M * K, L] slices of a split-K L2."""
     m, top_k = topk_ids.shape
+    split = pairs.shape[0] if pairs.dim() == 3 else 1
     latent = out.shape[1]
     if m == 0:
         return
     block_l = triton.next_power_of_2(latent)
     norm = rms_weight is not None
     combine_kernel[(m,)](
-        pairs, topk_ids, topk_weights, out, rms_weight if norm else out, float(eps), latent,
-        TOP_K=top_k, BLOCK_L=block_l, NORM=norm, INTERPRET=interpreting(), num_warps=8 if block_l >= 2048 else 4,
+        pairs, topk_ids, topk_weights, out, rms_weight if norm else out, float(eps), latent, m * top_k * latent if split > 1 else 0,
+        TOP_K=top_k, BLOCK_L=block_l, NORM=norm, INTERPRET=interpreting(), SPLIT=split,
+        num_warps=8 if block_l >= 2048 else 4,
     )

@@ -2,6 +2,7 @@
 
   1. group_by_expert   ids -> expert blocks (one program, device-side, capture-safe)
   2. l1_kernel         routed gate/up + SiTU  and  shared gate/up + SiTU   (one grid)
+     (l1_finish_kernel  with L1 split along K: SiTU of the ordered sum of the slices)
   3. l2_kernel         routed down -> FP32 pair rows  and  shared down -> fragments (one grid)
   4. combine_kernel    FP32 top-k sum in slot order, one rounding, RMSNorm fused
 Every size that shapes a grid or buffer is known on the host; nothing reads device data back.
@@ -9,7 +10,7 @@ Every size that shapes a grid or buffer is known on the host; nothing reads devi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -18,6 +19,7 @@ from .combine import launch_combine
 from .expert_gemm import l1_kernel, l2_kernel
 from .moe_align import group_by_expert
 from .producer_config import ProducerConfig, interpreting, pick_config
+from .split_k import launch_l1_finish
 from .weight_tiles import dot_precision
 
 
@@ -36,15 +38,22 @@ def _weight_strides(w: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.
     return scale, w.stride(0), w.stride(1), scale.stride(0), scale.stride(1)
 
 
+def _descriptor_fits(w: torch.Tensor, bk: int, mxfp4: bool) -> bool:
+    """The copy engine needs a contiguous weight with 16-byte aligned base and rows, and >= 16-byte tile rows."""
+    cols = bk // 2 if mxfp4 else bk
+    row_bytes = w.shape[-1] * w.element_size()
+    return w.is_contiguous() and row_bytes % 16 == 0 and w.data_ptr() % 16 == 0 and cols * w.element_size() >= 16
+
+
 def _weight_descriptor(w: torch.Tensor, bn: int, bk: int, mxfp4: bool):
     """Tensor descriptor over an expert weight's 2D view [E * rows, stored K] with [bn, bk] tiles
-    (bk / 2 bytes per row for packed MXFP4). The copy engine needs 16-byte aligned rows and base."""
+    (bk / 2 bytes per row for packed MXFP4)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     flat = w.reshape(w.shape[0] * w.shape[1], w.shape[2])
     cols = bk // 2 if mxfp4 else bk
     row_bytes = flat.stride(0) * flat.element_size()
-    if not flat.is_contiguous() or row_bytes % 16 or flat.data_ptr() % 16 or cols * flat.element_size() < 16:
+    if not _descriptor_fits(w, bk, mxfp4):
         raise ValueError(
             f"tma weight tiles need a contiguous weight with 16-byte aligned rows and tiles of >= 16 bytes "
             f"per row (got {tuple(w.shape)} {w.dtype}, {row_bytes} bytes per row, tile {bn}x{cols}); "
@@ -55,11 +64,18 @@ def _weight_descriptor(w: torch.Tensor, bn: int, bk: int, mxfp4: bool):
 
 def resolve_config(
     z: torch.Tensor, num_pairs: int, num_experts: int, weight_format: str, inter: int,
-    shared: SharedExpert | None, config: ProducerConfig | None,
+    shared: SharedExpert | None, config: ProducerConfig | None, w13: torch.Tensor, w2: torch.Tensor,
 ) -> ProducerConfig:
-    cfg = config or pick_config(num_pairs, weight_format, z.dtype, num_experts)
+    """The given config (a tma config the weights cannot serve raises), else pick_config's with its
+    K tiles fitted and TMA weight tiles dropped where the weights cannot take a descriptor."""
+    mxfp4 = weight_format == "mxfp4"
     shared_k = None if shared is None else (shared.x_s.shape[1], shared.w1_s.shape[0])
-    return cfg.with_k_dims((z.shape[1], inter), shared_k, weight_format == "mxfp4")
+    cfg = (config or pick_config(num_pairs, weight_format, z.dtype, num_experts)).with_k_dims(
+        (z.shape[1], inter), shared_k, mxfp4)
+    if config is None:
+        cfg = replace(cfg, l1=replace(cfg.l1, tma=cfg.l1.tma and _descriptor_fits(w13, cfg.l1.bk, mxfp4)),
+                      l2=replace(cfg.l2, tma=cfg.l2.tma and _descriptor_fits(w2, cfg.l2.bk, mxfp4)))
+    return cfg
 
 
 def run_experts(
@@ -89,7 +105,7 @@ def run_experts(
     mxfp4 = weight_format == "mxfp4"
     inter = w2.shape[-1] * (2 if mxfp4 else 1)
     num_pairs = m * top_k
-    cfg = resolve_config(z, num_pairs, num_experts, weight_format, inter, shared, config)
+    cfg = resolve_config(z, num_pairs, num_experts, weight_format, inter, shared, config, w13, w2)
     bm = cfg.bm
     interp = interpreting()
     prec = dot_precision(z.dtype == torch.float32)
@@ -102,7 +118,9 @@ def run_experts(
     else:
         grouping, nb_max = None, 0
     act = torch.empty(max(nb_max * bm, 1), inter, dtype=z.dtype, device=dev)
-    pairs = torch.empty(max(num_pairs, 1), latent, dtype=torch.float32, device=dev)
+    split1, split2 = cfg.l1.split_k, cfg.l2.split_k
+    pairs_shape = (max(num_pairs, 1), latent) if split2 == 1 else (split2, max(num_pairs, 1), latent)
+    pairs = torch.empty(pairs_shape, dtype=torch.float32, device=dev)
     sorted_pairs = grouping.sorted_pairs if grouping else act
     block_expert = grouping.block_expert if grouping else act
 
@@ -122,12 +140,18 @@ def run_experts(
         x_s = w1_s = w3_s = w2_s = act_s = s_out = z
         m_s, hidden, inter_s, sh_l1, sh_l2 = 0, latent, inter, 0, 0
 
+    n_rows_r = nb_max * bm
+    if split1 > 1:  # FP32 gate/up partial sums per K slice, [SPLIT, rows, 2 * width]
+        h_part = torch.empty(split1, max(n_rows_r, 1), 2 * inter, dtype=torch.float32, device=dev)
+        hs_part = torch.empty(split1, max(m_s, 1), 2 * inter_s, dtype=torch.float32, device=dev)
+    else:
+        h_part = hs_part = act
     w13_desc = _weight_descriptor(w13, cfg.l1.bn, cfg.l1.bk, mxfp4) if cfg.l1.tma else w13
     w2_desc = _weight_descriptor(w2, cfg.l2.bn, cfg.l2.bk, mxfp4) if cfg.l2.tma else w2
     tiles_r1 = triton.cdiv(inter, cfg.l1.bn)
     tiles_r2 = triton.cdiv(latent, cfg.l2.bn)
-    grid1 = sh_l1 + nb_max * tiles_r1
-    grid2 = sh_l2 + nb_max * tiles_r2
+    grid1 = (sh_l1 + nb_max * tiles_r1) * split1
+    grid2 = sh_l2 + nb_max * tiles_r2 * split2
     common = dict(BM=bm, MXFP4=mxfp4, DEQUANT=cfg.dequant, INTERPRET=interp, DOT_PREC=prec)
     if grid1 > 0:
         l1_kernel[(grid1,)](
@@ -135,15 +159,21 @@ def run_experts(
             latent, inter, top_k, s13_e, s13_n, s13s_e, s13s_n,
             x_s, w1_s, w3_s, act_s, hidden, inter_s, m_s,
             sh_l1, tiles_r1, triton.cdiv(inter_s, cfg.l1.shared_bn), float(beta), float(lin_beta),
-            BN=cfg.l1.bn, BK=cfg.l1.bk, BNS=cfg.l1.shared_bn, BKS=cfg.l1.bk_shared, WDESC=cfg.l1.tma, **cfg.l1.launch_options(), **common,
+            h_part, hs_part, n_rows_r,
+            BN=cfg.l1.bn, BK=cfg.l1.bk, BNS=cfg.l1.shared_bn, BKS=cfg.l1.bk_shared, WDESC=cfg.l1.tma, SPLIT=split1,
+            **cfg.l1.launch_options(), **common,
         )
+        if split1 > 1:
+            launch_l1_finish(h_part, block_expert, act, n_rows_r, inter, hs_part, act_s, m_s, inter_s,
+                             beta, lin_beta, bm, split1, interp)
     if grid2 > 0:
         l2_kernel[(grid2,)](
             act, w2, w2s, sorted_pairs, block_expert, pairs, w2_desc,
             latent, inter, s2_e, s2_n, s2s_e, s2s_n,
             act_s, w2_s, s_out, hidden, inter_s, m_s,
-            sh_l2, tiles_r2, triton.cdiv(hidden, cfg.l2.shared_bn),
-            BN=cfg.l2.bn, BK=cfg.l2.bk, BNS=cfg.l2.shared_bn, BKS=cfg.l2.bk_shared, WDESC=cfg.l2.tma, **cfg.l2.launch_options(), **common,
+            sh_l2, tiles_r2, triton.cdiv(hidden, cfg.l2.shared_bn), num_pairs,
+            BN=cfg.l2.bn, BK=cfg.l2.bk, BNS=cfg.l2.shared_bn, BKS=cfg.l2.bk_shared, WDESC=cfg.l2.tma, SPLIT=split2,
+            **cfg.l2.launch_options(), **common,
         )
     launch_combine(pairs, topk_ids, topk_weights, y, rms_weight, eps)
     return y

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .weight_tiles import DEQUANT_ASM_PAIRS, DEQUANT_TRITON
+from .weight_tiles import DEQUANT_ASM_PAIRS, DEQUANT_LUT, DEQUANT_TRITON
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,11 @@ class GemmTiles:
     maxnreg: int = 0  # register cap per thread (0: none); 128 fits 4 CTAs of 4 warps per SM
     bn_shared: int = 0  # weight rows per shared-expert program; 0: same as bn
     tma: bool = False  # routed weight tiles through tensor descriptors (bulk copies) instead of pointers
+    split_k: int = 1  # K slices per tile (L1: routed and shared tiles; L2: routed tiles), summed in FP32
+
+    def __post_init__(self) -> None:
+        if self.split_k < 1:
+            raise ValueError(f"GemmTiles.split_k must be >= 1, got {self.split_k}")
 
     @property
     def shared_bn(self) -> int:
@@ -75,6 +80,12 @@ def decode_block_m(num_pairs: int, num_experts: int) -> int:
     return 16 if per_expert <= 12 else 32 if per_expert <= 24 else 64
 
 
+# K slices (L1, L2) for a single decode token: it reaches ~2 of a rank's experts, too few programs to
+# fill the GPU. H200 (producer_split_k.md, M = 1): 88 -> 69 us with one token per row, unchanged
+# (205 us) with 8 tokens' experts per row; from M = 8 on splitting only adds partial traffic.
+SPLIT_K_MAX_PAIRS = 16
+DECODE_SPLIT_K = (2, 2)
+
 SHARED_TILES_ENV = "LMF_PRODUCER_DECODE_SHARED_TILES"  # "BNxBK": tuning override, e.g. "16x128"
 DECODE_SHARED_TILES = (32, 64)  # (rows, K) of the MXFP4 decode shared gate/up programs: H200 sweep, bench/results/producer_shared_tiles.md
 
@@ -98,20 +109,25 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
     if interpreting():
         # Few, wide programs: the interpreter's cost is per program and per nested jit call.
         return ProducerConfig(16, GemmTiles(64, 128, 4, 1), GemmTiles(64, 128, 4, 1), DEQUANT_TRITON)
-    dequant = DEQUANT_ASM_PAIRS if _has_sm90() else DEQUANT_TRITON
+    # Table-lookup dequant: 3-6 % faster than the bias-multiply PTX at every M on the H200
+    # (bench/results/producer_weight_loads.md).
+    sm90 = _has_sm90()
+    dequant = DEQUANT_LUT if sm90 else DEQUANT_TRITON
     if dtype == torch.float32:
         return ProducerConfig(16, GemmTiles(32, 32, 4, 2), GemmTiles(32, 32, 4, 2), DEQUANT_TRITON)
     if num_pairs <= DECODE_PAIRS:
         bm = decode_block_m(num_pairs, num_experts)
         if weight_format == "mxfp4":
             # Dequantisation is ALU work: keep shared memory small (shallow shared-expert tiles) so that
-            # several CTAs per SM hide its latency. With BM = 16 a 128-register cap fits 4 CTAs per SM
-            # (H200: 1239 vs 1315 us at M = 32); with BM = 32 the cap costs more than it gains
-            # (1691 vs 1569 us at M = 128).
+            # several CTAs per SM hide its latency. BM = 16: routed weight tiles by TMA, L1 without a
+            # register cap (H200, M = 32: 1163 us vs 1191 capped, 1233 with pointer loads and the
+            # bias-multiply dequant; producer_weight_loads.md). BM = 32: pointer loads (1457 vs 1505 us
+            # by TMA at M = 128) and no cap (1691 vs 1569 us with it, run 2).
             bn_s, bk_s = decode_shared_tiles()
             if bm == 16:
-                return ProducerConfig(bm, GemmTiles(64, 256, 4, 3, bk_s, 128, bn_s),
-                                      GemmTiles(64, 128, 4, 4, 32, 128), dequant)
+                split = DECODE_SPLIT_K if num_pairs <= SPLIT_K_MAX_PAIRS else (1, 1)
+                return ProducerConfig(bm, GemmTiles(64, 256, 4, 3, bk_s, 0, bn_s, tma=sm90, split_k=split[0]),
+                                      GemmTiles(64, 128, 4, 4, 32, 128, tma=sm90, split_k=split[1]), dequant)
             return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s), GemmTiles(64, 128, 4, 4, 32), dequant)
         return ProducerConfig(bm, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), dequant)
     if weight_format == "mxfp4":
