@@ -152,25 +152,20 @@ class StockCase:
 def decode_candidates(fmt: str) -> dict[str, ProducerConfig]:
     if fmt == "bf16":
         return {"d64x128s4": ProducerConfig(16, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), DEQUANT_ASM)}
-    pairs = DEQUANT_ASM_PAIRS
+    pairs, lut = DEQUANT_ASM_PAIRS, DEQUANT_LUT
+    shared = dict(bk_shared=64, bn_shared=32)
+    l2_tma = GemmTiles(64, 128, 4, 4, 32, 128, tma=True)
     return {
-        "m64x128s4k32_pairs": ProducerConfig(16, GemmTiles(64, 128, 4, 4, 32), GemmTiles(64, 128, 4, 4, 32), pairs),
-        "m64x128s4k32_pairs_r128": ProducerConfig(16, GemmTiles(64, 128, 4, 4, 32, 128),
-                                                  GemmTiles(64, 128, 4, 4, 32, 128), pairs),
-        "m64x256s3k32_pairs_r128": ProducerConfig(16, GemmTiles(64, 256, 4, 3, 32, 128),
-                                                  GemmTiles(64, 128, 4, 4, 32, 128), pairs),
-        # table-lookup dequantiser (bench/results/dequant_sass.md), with the default 32x64 shared tiles
-        "m64x256s3k64n32_lut_r128": ProducerConfig(16, GemmTiles(64, 256, 4, 3, 64, 128, 32),
-                                                   GemmTiles(64, 128, 4, 4, 32, 128), DEQUANT_LUT),
-        "m64x256s3k64n32_pairs_r128": ProducerConfig(16, GemmTiles(64, 256, 4, 3, 64, 128, 32),
-                                                     GemmTiles(64, 128, 4, 4, 32, 128), pairs),
-        # routed weight tiles by tensor descriptor (TMA): no per-element addresses (dequant_sass.md)
-        "m64x256s3k64n32_pairs_tma_r128": ProducerConfig(16, GemmTiles(64, 256, 4, 3, 64, 128, 32, True),
-                                                         GemmTiles(64, 128, 4, 4, 32, 128, 0, True), pairs),
-        "m64x256s3k64n32_lut_tma_r128": ProducerConfig(16, GemmTiles(64, 256, 4, 3, 64, 128, 32, True),
-                                                       GemmTiles(64, 128, 4, 4, 32, 128, 0, True), DEQUANT_LUT),
-        "m64x256s3k64n32_lut_tma": ProducerConfig(16, GemmTiles(64, 256, 4, 3, 64, 0, 32, True),
-                                                  GemmTiles(64, 128, 4, 4, 32, 0, 0, True), DEQUANT_LUT),
+        # the decode default before the H200 runs of producer_weight_loads.md: pointer loads, bias-multiply PTX
+        "m64x256s3r128_pairs": ProducerConfig(16, GemmTiles(64, 256, 4, 3, maxnreg=128, **shared),
+                                              GemmTiles(64, 128, 4, 4, 32, 128), pairs),
+        # TMA weight tiles + table lookup: L1 tile shapes (the first is today's default)
+        "m64x128s4_lut_tma": ProducerConfig(16, GemmTiles(64, 128, 4, 4, tma=True, **shared), l2_tma, lut),
+        "m64x128s3_lut_tma": ProducerConfig(16, GemmTiles(64, 128, 4, 3, tma=True, **shared), l2_tma, lut),
+        "m64x256s3_lut_tma": ProducerConfig(16, GemmTiles(64, 256, 4, 3, tma=True, **shared), l2_tma, lut),
+        "m64x256s3r128_lut_tma": ProducerConfig(16, GemmTiles(64, 256, 4, 3, maxnreg=128, tma=True, **shared), l2_tma, lut),
+        "m64x256s2_lut_tma": ProducerConfig(16, GemmTiles(64, 256, 4, 2, tma=True, **shared), l2_tma, lut),
+        "m128x128w8s4_lut_tma": ProducerConfig(16, GemmTiles(128, 128, 8, 4, tma=True, **shared), l2_tma, lut),
     }
 
 

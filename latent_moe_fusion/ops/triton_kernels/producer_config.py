@@ -119,14 +119,15 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
         bm = decode_block_m(num_pairs, num_experts)
         if weight_format == "mxfp4":
             # Dequantisation is ALU work: keep shared memory small (shallow shared-expert tiles) so that
-            # several CTAs per SM hide its latency. BM = 16: routed weight tiles by TMA, L1 without a
-            # register cap (H200, M = 32: 1163 us vs 1191 capped, 1233 with pointer loads and the
-            # bias-multiply dequant; producer_weight_loads.md). BM = 32: pointer loads (1457 vs 1505 us
-            # by TMA at M = 128) and no cap (1691 vs 1569 us with it, run 2).
+            # several CTAs per SM hide its latency. BM = 16: routed weight tiles by TMA, L1 K tiles of
+            # 128 in 4 stages without a register cap (H200, M = 32: 1146 us; 1179 with 256 x 3 stages,
+            # 1191 with a 128-register cap, 1233 with pointer loads and the bias-multiply dequant;
+            # producer_weight_loads.md, producer_notes.md run 5). BM = 32: pointer loads (1457 vs
+            # 1505 us by TMA at M = 128) and no cap (1691 vs 1569 us with it, run 2).
             bn_s, bk_s = decode_shared_tiles()
             if bm == 16:
                 split = DECODE_SPLIT_K if num_pairs <= SPLIT_K_MAX_PAIRS else (1, 1)
-                return ProducerConfig(bm, GemmTiles(64, 256, 4, 3, bk_s, 0, bn_s, tma=sm90, split_k=split[0]),
+                return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=sm90, split_k=split[0]),
                                       GemmTiles(64, 128, 4, 4, 32, 128, tma=sm90, split_k=split[1]), dequant)
             return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s), GemmTiles(64, 128, 4, 4, 32), dequant)
         return ProducerConfig(bm, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), dequant)
