@@ -197,3 +197,16 @@ def test_group_errors_on_two_gloo_ranks():
             kind, message = outcome[name]
             assert kind == LmfInputError.__name__, (rank, seed, name, kind, message)
             assert re.search(pattern, message), (rank, seed, name, message)
+
+
+def test_id_check_opt_out_is_read_and_keeps_cpu_checked(monkeypatch):
+    from latent_moe_fusion.ops.validation import device_id_check_enabled
+
+    assert device_id_check_enabled()
+    monkeypatch.setenv("LMF_CHECK_IDS", "0")
+    assert not device_id_check_enabled()
+    # CPU tensors are still checked: there is no sync to save.
+    args = _routed(torch.Generator().manual_seed(5))
+    args["topk_ids"][1, 2] = E
+    with pytest.raises(LmfInputError, match=f"topk_ids holds expert id {E}"):
+        torch.ops.lmf.routed_experts(**args)

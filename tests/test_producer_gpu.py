@@ -158,3 +158,19 @@ def test_split_k_at_kimi_rank_sizes(weight_format, splits, m, rng_seed):
     assert rel_l2(y, ref_y) < tolerance(torch.bfloat16)
     assert rel_l2(s, ref_s) < tolerance(torch.bfloat16)
     assert torch.equal(y, y2) and torch.equal(s, s2)
+
+
+def test_lmf_check_ids_0_removes_the_host_sync(monkeypatch, rng_seed):
+    # Outside CUDA graphs the id range check reads the ids back (a sync per call); LMF_CHECK_IDS=0 skips it.
+    p = make_problem(5, device="cuda", **MID)
+    torch.ops.lmf.routed_experts(*p.routed_args())  # compile outside the sync check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            torch.ops.lmf.routed_experts(*p.routed_args())
+        monkeypatch.setenv("LMF_CHECK_IDS", "0")
+        y = torch.ops.lmf.routed_experts(*p.routed_args())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert rel_l2(y, p.reference_routed()) < tolerance(torch.bfloat16)
