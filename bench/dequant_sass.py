@@ -130,7 +130,7 @@ def main() -> None:
         ops = main_loop(sass_of(kernel.asm["cubin"]))
         hist = collections.Counter(op.split(".")[0] for op in ops)
         rows.append({"kernel": which, "variant": name, "loads": loads, "loop_instr": len(ops),
-                     "per_element": len(ops) * tiles.num_warps * 32 / per_step, "LDL": hist["LDL"],
+                     "per_element": len(ops) * tiles.num_warps * 32 / per_step, "LDL": hist["LDL"], "HMUL2": hist["HMUL2"],
                      "UTMALDG": hist["UTMALDG"], "top": ", ".join(f"{k} {v}" for k, v in hist.most_common(8))})
         print(rows[-1], flush=True)
     lines = [f"# MXFP4 dequant: static SASS of the weight-step loop (sm_90, triton {triton.__version__})", "",
@@ -139,10 +139,10 @@ def main() -> None:
              "asm_pairs + pointers in L1) executed 15 % fewer instructions and ran as fast (ncu, M = 32: "
              "1.03 vs 1.04 ms); see producer_notes.md, run 5.", "",
              "| kernel | variant | weight loads | loop instructions / thread | instructions / weight element | LDL | "
-             "UTMALDG | most frequent opcodes |",
-             "|---|---|---|---|---|---|---|---|"]
+             "UTMALDG | HMUL2 | most frequent opcodes |",
+             "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['kernel']} | {r['variant']} | {r['loads']} | {r['loop_instr']} | {r['per_element']:.2f} | "
-              f"{r['LDL']} | {r['UTMALDG']} | {r['top']} |" for r in rows]
+              f"{r['LDL']} | {r['UTMALDG']} | {r['HMUL2']} | {r['top']} |" for r in rows]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "dequant_sass.md").write_text("\n".join(lines) + "\n")
