@@ -12,8 +12,10 @@ element bounds the speed; three variants exist (chosen by DEQUANT):
   DEQUANT_LUT         PTX, table lookups with prmt (byte permute): the 8 e2m1 magnitudes' bf16
                       high and low bytes are two 8-byte tables, so 4 codes cost 2 prmt plus
                       2 more to interleave, and no bias multiply (~2.6 ALU ops per element vs
-                      ~4.4 for ASM_PAIRS, before ptxas fuses logic ops). Not yet run on a GPU.
-All three give the exact value e2m1 * 2^(s - 127). The only corner they round differently from the
+                      ~4.4 for ASM_PAIRS, before ptxas fuses logic ops). The sm_90 default:
+                      3-6 % faster than ASM_PAIRS on the H200 (the loop is latency-bound,
+                      bench/results/producer_notes.md, run 5).
+All of them give the exact value e2m1 * 2^(s - 127). The only corner they round differently from the
 reference: E8M0 byte 0 (2^-127) is taken as 0 by the ASM path and may flush in the others.
 """
 
