@@ -2,13 +2,12 @@
 
 Hopper has no FP4 MMA, so an MXFP4 tile [BN, BK] is loaded packed (uint8 [BN, BK/2], low nibble
 = even k) with its E8M0 scales (uint8 [BN, BK/32]) and expanded to the activation dtype right
-before tl.dot. Decode streams each weight byte once, so the expansion's instruction count per
-element bounds the speed; three variants exist (chosen by DEQUANT):
+before tl.dot. Five variants exist (chosen by DEQUANT):
   DEQUANT_TRITON      portable bit arithmetic in FP32 (also runs under TRITON_INTERPRET=1);
   DEQUANT_ASM         PTX on 32-bit words: 8 codes -> 4 bf16x2 with prmt/shift/and and two
                       exact bf16x2 multiplies (2^126 bias, then the block scale);
   DEQUANT_DOT_SCALED  tl.dot_scaled(e2m1 x bf16): Triton's own upcast (GPU only);
-  DEQUANT_ASM_PAIRS   PTX, the bias trick on words already in k order (the default on sm_90);
+  DEQUANT_ASM_PAIRS   PTX, the bias trick on words already in k order;
   DEQUANT_LUT         PTX, table lookups with prmt (byte permute): the 8 e2m1 magnitudes' bf16
                       high and low bytes are two 8-byte tables, so 4 codes cost 2 prmt plus
                       2 more to interleave, and no bias multiply (~2.6 ALU ops per element vs
