@@ -75,6 +75,25 @@ def make_weights(fmt: str, gen: torch.Generator) -> dict[str, torch.Tensor | Non
                 w13_scale=scales(2 * INTER, LATENT), w2_scale=scales(LATENT, INTER))
 
 
+def make_shared_weights() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Shared expert gate [I_s, H], up [I_s, H], down [H, I_s] (BF16, 1/sqrt(fan-in) scale)."""
+    return tuple(torch.randn(*shape, device="cuda", dtype=DT) * shape[1] ** -0.5
+                 for shape in ((INTER_S, HIDDEN), (INTER_S, HIDDEN), (HIDDEN, INTER_S)))
+
+
+def make_rms_weight() -> torch.Tensor:
+    return (torch.rand(LATENT, device="cuda") + 0.5).to(DT)
+
+
+def floor_us(case: Case, bytes_per_s: float) -> float:
+    """Bytes the producer must move once (weights of the experts hit + shared weights + activations)
+    over the copy bandwidth, in us."""
+    m = case.m
+    act_bytes = m * (LATENT + HIDDEN) * 2 * 2 + m * TOP_K * 8 + LATENT * 2
+    shared_bytes = sum(w.numel() * w.element_size() for w in case.sh)
+    return (case.hit_experts() * expert_bytes(case.fmt) + shared_bytes + act_bytes) / bytes_per_s * 1e6
+
+
 def expert_bytes(fmt: str) -> int:
     elems = 3 * INTER * LATENT
     return elems * 2 if fmt == "bf16" else elems // 2 + elems // 32
@@ -248,12 +267,8 @@ def main() -> None:
 
     gen = torch.Generator().manual_seed(1234)
     weights = {fmt: make_weights(fmt, gen) for fmt in ("bf16", "mxfp4")}
-    shared_w = (
-        (torch.randn(INTER_S, HIDDEN, device="cuda", dtype=DT) * HIDDEN**-0.5),
-        (torch.randn(INTER_S, HIDDEN, device="cuda", dtype=DT) * HIDDEN**-0.5),
-        (torch.randn(HIDDEN, INTER_S, device="cuda", dtype=DT) * INTER_S**-0.5),
-    )
-    rms_w = (torch.rand(LATENT, device="cuda") + 0.5).to(DT)
+    shared_w = make_shared_weights()
+    rms_w = make_rms_weight()
     decode_m = (1, 32) if args.quick else DECODE_M
     prefill_m = (512,) if args.quick else PREFILL_M
     cases = {}
@@ -273,7 +288,6 @@ def main() -> None:
             chosen[(phase, fmt)] = cands[name]
 
     rows: list[dict] = []
-    shared_bytes = sum(w.numel() for w in shared_w) * 2
     if sweep_result:
         meta["sweep_best"] = sweep_result["best"]
         (out_dir / "producer_sweep.json").write_text(json.dumps(sweep_result, indent=2) + "\n")
@@ -286,7 +300,7 @@ def main() -> None:
             if (phase, fmt) in chosen:  # the sweep's tiles, with the block rows the batch needs
                 cfg = replace(chosen[(phase, fmt)], bm=cfg.bm)
             try:
-                row = _measure_row(cases[(m, fmt)], phase, cfg, stock, bw, rate, shared_bytes)
+                row = _measure_row(cases[(m, fmt)], phase, cfg, stock, bw, rate)
             except Exception as exc:  # keep the other rows
                 log(f"M={m} {fmt}: FAILED {type(exc).__name__}: {str(exc)[:400]}")
                 continue
@@ -329,8 +343,7 @@ def _measure_stock(case: Case, bf16_weights, log) -> dict:
         return dict(unfused_us=nan, routed_us=nan, err=nan)
 
 
-def _measure_row(case: Case, phase: str, cfg: ProducerConfig, stock: dict, bw: float, rate: float,
-                 shared_bytes: int) -> dict:
+def _measure_row(case: Case, phase: str, cfg: ProducerConfig, stock: dict, bw: float, rate: float) -> dict:
     m, fmt, n_sets = case.m, case.fmt, len(case.sets)
     y, s = case.fused(0, cfg)
     ry, rs = case.reference(0)
@@ -340,15 +353,14 @@ def _measure_row(case: Case, phase: str, cfg: ProducerConfig, stock: dict, bw: f
     lmf_unfused_us = graph_us(lambda i: case.unfused_lmf(i, cfg), n_sets)
     routed_us = graph_us(lambda i: case.routed_only(i, cfg), n_sets)
     hit, pairs = case.hit_experts(), case.pairs()
-    act_bytes = m * (LATENT + HIDDEN) * 2 * 2 + m * TOP_K * 8 + LATENT * 2
-    floor_us = (hit * expert_bytes(fmt) + shared_bytes + act_bytes) / bw * 1e6
+    floor = floor_us(case, bw)
     routed_flops = 2 * pairs * 3 * INTER * LATENT
     row = dict(
         phase=phase, M=m, format=fmt, experts_hit=round(hit, 1), pairs=round(pairs, 1),
         config=config_name(cfg),
         fused_us=fused_us, unfused_stock_us=stock["unfused_us"], unfused_lmf_us=lmf_unfused_us,
-        grouped_mm_us=stock["routed_us"], routed_triton_us=routed_us, floor_us=floor_us,
-        fused_over_floor=fused_us / floor_us, speedup_vs_stock=stock["unfused_us"] / fused_us,
+        grouped_mm_us=stock["routed_us"], routed_triton_us=routed_us, floor_us=floor,
+        fused_over_floor=fused_us / floor, speedup_vs_stock=stock["unfused_us"] / fused_us,
         speedup_vs_lmf_unfused=lmf_unfused_us / fused_us,
         routed_TFLOPs=routed_flops / (routed_us * 1e-6) / 1e12,
         fused_err=err, stock_err=stock["err"], deterministic=bool(torch.equal(y, y2) and torch.equal(s, s2)),

@@ -32,7 +32,9 @@ from bench.producer import (  # noqa: E402
     LOCAL_EXPERTS,
     TOP_K,
     Case,
+    make_rms_weight,
     make_sets,
+    make_shared_weights,
     make_weights,
 )
 from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config  # noqa: E402
@@ -57,11 +59,8 @@ def main() -> None:
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(7)
     weights = make_weights("mxfp4", gen)
-    shared_w = tuple(
-        torch.randn(*shape, device="cuda", dtype=DT) * shape[1] ** -0.5
-        for shape in ((INTER_S, HIDDEN), (INTER_S, HIDDEN), (HIDDEN, INTER_S))
-    )
-    rms_w = (torch.rand(LATENT, device="cuda") + 0.5).to(DT)
+    shared_w = make_shared_weights()
+    rms_w = make_rms_weight()
     rows = []
     for routing, make in (("1 token/row", one_token_sets), ("8 tokens/row", make_sets)):
         for m in DECODE_M:

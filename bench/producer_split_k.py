@@ -32,8 +32,10 @@ from bench.producer import (  # noqa: E402
     LOCAL_EXPERTS,
     TOP_K,
     Case,
-    expert_bytes,
+    floor_us,
+    make_rms_weight,
     make_sets,
+    make_shared_weights,
     make_weights,
 )
 from bench.producer_shared_tiles import one_token_sets  # noqa: E402
@@ -52,20 +54,17 @@ def main() -> None:
     bw = measure_ceilings()["copy_bytes_per_s"]
     gen = torch.Generator().manual_seed(17)
     weights = make_weights("mxfp4", gen)
-    shared_w = tuple(torch.randn(*shape, device="cuda", dtype=DT) * shape[1] ** -0.5
-                     for shape in ((INTER_S, HIDDEN), (INTER_S, HIDDEN), (HIDDEN, INTER_S)))
-    shared_bytes = sum(w.numel() for w in shared_w) * 2
-    rms_w = (torch.rand(LATENT, device="cuda") + 0.5).to(DT)
+    shared_w = make_shared_weights()
+    rms_w = make_rms_weight()
     rows = []
     for routing, make in (("1 token/row", one_token_sets), ("8 tokens/row", make_sets)):
         for m in args.m:
             case = Case(m, "mxfp4", weights, shared_w, rms_w, make(m, 4, gen))
             ry, rs = case.reference(0)
             hit = case.hit_experts()
-            act_bytes = m * (LATENT + HIDDEN) * 2 * 2 + m * TOP_K * 8 + LATENT * 2
-            floor_us = (hit * expert_bytes("mxfp4") + shared_bytes + act_bytes) / bw * 1e6
+            floor = floor_us(case, bw)
             base = pick_config(m * TOP_K, "mxfp4", DT, LOCAL_EXPERTS)
-            row = {"routing": routing, "M": m, "experts_hit": hit, "floor_us": floor_us}
+            row = {"routing": routing, "M": m, "experts_hit": hit, "floor_us": floor}
             for s1, s2 in SPLITS:
                 cfg = replace(base, l1=replace(base.l1, split_k=s1), l2=replace(base.l2, split_k=s2))
                 y, s = case.fused(0, cfg)
@@ -76,7 +75,7 @@ def main() -> None:
             timed = {k.removesuffix("_us"): v for k, v in row.items() if k.endswith("_us") and k != "floor_us"}
             row["best"] = min(timed, key=timed.get)
             row["best_vs_1x1"] = timed["1x1"] / timed[row["best"]]
-            row["best_over_floor"] = timed[row["best"]] / floor_us
+            row["best_over_floor"] = timed[row["best"]] / floor
             rows.append(row)
             print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
     cols = (["routing", "M", "experts_hit"] + [f"{a}x{b}_us" for a, b in SPLITS]

@@ -34,8 +34,10 @@ from bench.producer import (  # noqa: E402
     LOCAL_EXPERTS,
     TOP_K,
     Case,
-    expert_bytes,
+    floor_us,
+    make_rms_weight,
     make_sets,
+    make_shared_weights,
     make_weights,
 )
 from latent_moe_fusion.ops.triton_kernels.producer_config import ProducerConfig, pick_config  # noqa: E402
@@ -60,20 +62,17 @@ def main() -> None:
     bw = ceil["copy_bytes_per_s"]
     gen = torch.Generator().manual_seed(11)
     weights = make_weights("mxfp4", gen)
-    shared_w = tuple(torch.randn(*shape, device="cuda", dtype=DT) * shape[1] ** -0.5
-                     for shape in ((INTER_S, HIDDEN), (INTER_S, HIDDEN), (HIDDEN, INTER_S)))
-    shared_bytes = sum(w.numel() for w in shared_w) * 2
-    rms_w = (torch.rand(LATENT, device="cuda") + 0.5).to(DT)
+    shared_w = make_shared_weights()
+    rms_w = make_rms_weight()
     ms = (1, 32, 512) if args.quick else DECODE_M + PREFILL_M
     rows = []
     for m in ms:
         case = Case(m, "mxfp4", weights, shared_w, rms_w, make_sets(m, 4 if m <= 128 else 2, gen))
         ry, rs = case.reference(0)
         hit = case.hit_experts()
-        act_bytes = m * (LATENT + HIDDEN) * 2 * 2 + m * TOP_K * 8 + LATENT * 2
-        floor_us = (hit * expert_bytes("mxfp4") + shared_bytes + act_bytes) / bw * 1e6
+        floor = floor_us(case, bw)
         base = pick_config(m * TOP_K, "mxfp4", DT, LOCAL_EXPERTS)
-        row = {"M": m, "phase": "decode" if m in DECODE_M else "prefill", "experts_hit": hit, "floor_us": floor_us}
+        row = {"M": m, "phase": "decode" if m in DECODE_M else "prefill", "experts_hit": hit, "floor_us": floor}
         for name, (tma, dq) in VARIANTS.items():
             cfg = variant(base, tma, dq)
             try:
@@ -87,7 +86,7 @@ def main() -> None:
             row[f"{name}_err"] = err
         timed = {k.removesuffix("_us"): v for k, v in row.items() if k.endswith("_us") and k != "floor_us"}
         row["best"] = min(timed, key=timed.get)
-        row["best_over_floor"] = timed[row["best"]] / floor_us
+        row["best_over_floor"] = timed[row["best"]] / floor
         row["best_vs_ptr_pairs"] = timed["ptr/pairs"] / timed[row["best"]]
         rows.append(row)
         print(json.dumps({k: (round(v, 5) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)

@@ -39,7 +39,7 @@ _LUT = tl.constexpr(DEQUANT_LUT)
 # the very text the GPU compiles). $4 holds 4 packed bytes = 8 codes, code k in bits 4k..4k+3;
 # $0..$3 receive the bf16x2 pairs (k0, k1), (k2, k3), (k4, k5), (k6, k7).
 # One bf16x2 pair per output word: prmt picks byte i's even code (low half) and odd code (high
-# half), then the bias trick (see _fp4_pairs_to_bf16_asm). Selectors for the pairs (k0, k1) .. (k6, k7).
+# half), then the bias trick (see _fp4_pairs_to_bf16). Selectors for the pairs (k0, k1) .. (k6, k7).
 _PAIR_WORD = """        prmt.b32 r, lo, hi, {sel};
         shl.b32 x, r, 6;
         and.b32 x, x, 0x01C001C0;
@@ -192,15 +192,17 @@ def _dequant_asm(packed, scales, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.c
 
 
 @triton.jit
-def _fp4_pairs_to_bf16_asm(packed):
-    """4 packed bytes -> 8 bf16 values in k order: first output (k0, k1, k2, k3), second (k4..k7).
+def _fp4_pairs_to_bf16(packed, ASM: tl.constexpr):
+    """4 packed bytes -> 8 bf16 values in k order: first output (k0, k1, k2, k3), second (k4..k7),
+    by the PTX text ASM (FP4_PAIRS_ASM or FP4_LUT_ASM: same outputs).
 
-    L = w & 0x0F0F0F0F and H = (w >> 4) & 0x0F0F0F0F hold the even / odd codes of each byte; one
-    prmt puts byte i's even code in the low half-word and its odd code in the high one, so each
+    Pairs: L = w & 0x0F0F0F0F and H = (w >> 4) & 0x0F0F0F0F hold the even / odd codes of each byte;
+    one prmt puts byte i's even code in the low half-word and its odd code in the high one, so each
     32-bit result is the bf16x2 pair (k = 2i, 2i + 1) and no register shuffle is needed after.
+    LUT: the same words by table lookup, see FP4_LUT_ASM.
     """
     return tl.inline_asm_elementwise(
-        asm=_PAIRS_ASM_TEXT,
+        asm=ASM,
         constraints="=r,=r,=r,=r,r",
         args=[packed],
         dtype=(tl.bfloat16, tl.bfloat16),
@@ -220,27 +222,8 @@ def _scaled_k_order(r0, r1, scales, BN: tl.constexpr, BK: tl.constexpr, DTYPE: t
 
 
 @triton.jit
-def _dequant_asm_pairs(packed, scales, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.constexpr):
-    r0, r1 = _fp4_pairs_to_bf16_asm(packed)
-    return _scaled_k_order(r0, r1, scales, BN, BK, DTYPE)
-
-
-@triton.jit
-def _fp4_pairs_to_bf16_lut(packed):
-    """Like _fp4_pairs_to_bf16_asm (same outputs, k order), by table lookup: see FP4_LUT_ASM."""
-    return tl.inline_asm_elementwise(
-        asm=_LUT_ASM_TEXT,
-        constraints="=r,=r,=r,=r,r",
-        args=[packed],
-        dtype=(tl.bfloat16, tl.bfloat16),
-        is_pure=True,
-        pack=4,
-    )
-
-
-@triton.jit
-def _dequant_lut(packed, scales, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.constexpr):
-    r0, r1 = _fp4_pairs_to_bf16_lut(packed)
+def _dequant_k_order(packed, scales, ASM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DTYPE: tl.constexpr):
+    r0, r1 = _fp4_pairs_to_bf16(packed, ASM)
     return _scaled_k_order(r0, r1, scales, BN, BK, DTYPE)
 
 
@@ -270,9 +253,9 @@ def load_weight_tile(
         if DEQUANT == _ASM:
             tile = _dequant_asm(packed, scales, BN, BK, DTYPE)
         elif DEQUANT == _ASM_PAIRS:
-            tile = _dequant_asm_pairs(packed, scales, BN, BK, DTYPE)
+            tile = _dequant_k_order(packed, scales, _PAIRS_ASM_TEXT, BN, BK, DTYPE)
         elif DEQUANT == _LUT:
-            tile = _dequant_lut(packed, scales, BN, BK, DTYPE)
+            tile = _dequant_k_order(packed, scales, _LUT_ASM_TEXT, BN, BK, DTYPE)
         else:
             tile = _dequant_triton(packed, scales, BN, BK, DTYPE)
     else:
