@@ -1,0 +1,62 @@
+"""Tile choices of pick_config on an sm_90 GPU, and the automatic fallback from TMA weight tiles,
+checked on any machine (the GPU and interpreter probes are patched; nothing is launched)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from latent_moe_fusion.ops.triton_kernels import expert_schedule, producer_config
+from latent_moe_fusion.ops.triton_kernels.weight_tiles import DEQUANT_LUT
+
+LOCAL_EXPERTS = 112
+
+
+@pytest.fixture
+def sm90(monkeypatch):
+    monkeypatch.setattr(producer_config, "_has_sm90", lambda: True)
+    monkeypatch.setattr(producer_config, "interpreting", lambda: False)
+    monkeypatch.setattr(expert_schedule, "interpreting", lambda: False, raising=False)
+
+
+@pytest.mark.parametrize("m,split", [(1, (2, 2)), (2, (1, 1)), (32, (1, 1))])
+def test_mxfp4_decode_defaults(sm90, m, split):
+    cfg = producer_config.pick_config(m * 16, "mxfp4", torch.bfloat16, LOCAL_EXPERTS)
+    assert (cfg.l1.split_k, cfg.l2.split_k) == split  # split-K only for a single top-16 token
+    assert cfg.dequant == DEQUANT_LUT and cfg.l1.tma and cfg.l2.tma and cfg.bm == 16
+    assert (cfg.l1.bn, cfg.l1.bk, cfg.l1.num_stages, cfg.l1.maxnreg) == (64, 128, 4, 0)
+
+
+def test_prefill_and_bf16_keep_pointer_loads_and_no_split(sm90):
+    for fmt, pairs in (("mxfp4", 4096 * 16), ("bf16", 16), ("bf16", 4096 * 16)):
+        cfg = producer_config.pick_config(pairs, fmt, torch.bfloat16, LOCAL_EXPERTS)
+        assert not (cfg.l1.tma or cfg.l2.tma), (fmt, pairs)
+        assert cfg.l1.split_k == cfg.l2.split_k == 1, (fmt, pairs)
+
+
+def _mxfp4_weights(contiguous: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    experts, inter, latent = 2, 64, 128
+    w13 = torch.zeros(experts, 2 * inter, latent // 2, dtype=torch.uint8)
+    w2 = torch.zeros(experts, latent, inter // 2, dtype=torch.uint8)
+    if not contiguous:  # a column-block view of a wider buffer: rows are not packed
+        w13 = torch.zeros(experts, 2 * inter, latent, dtype=torch.uint8)[:, :, : latent // 2]
+    return w13, w2
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_automatic_config_drops_tma_where_a_descriptor_cannot_be_built(sm90, contiguous):
+    w13, w2 = _mxfp4_weights(contiguous)
+    z = torch.zeros(1, 128, dtype=torch.bfloat16)
+    cfg = expert_schedule.resolve_config(z, 16, 2, "mxfp4", 64, None, None, w13, w2)
+    assert cfg.l1.tma == contiguous
+    assert cfg.l2.tma  # w2 is contiguous either way
+
+
+def test_explicit_tma_config_on_an_unfit_weight_is_kept_and_refused_at_launch(sm90):
+    w13, w2 = _mxfp4_weights(False)
+    z = torch.zeros(1, 128, dtype=torch.bfloat16)
+    chosen = producer_config.pick_config(16, "mxfp4", torch.bfloat16, 2)
+    cfg = expert_schedule.resolve_config(z, 16, 2, "mxfp4", 64, None, chosen, w13, w2)
+    assert cfg.l1.tma  # the caller asked for it: _weight_descriptor raises with what to do
+    with pytest.raises(ValueError, match="tma=False"):
+        expert_schedule._weight_descriptor(w13, cfg.l1.bn, cfg.l1.bk, True)
