@@ -59,7 +59,7 @@ def launch_combine(
     block_l = triton.next_power_of_2(latent)
     norm = rms_weight is not None
     combine_kernel[(m,)](
-        pairs, topk_ids, topk_weights, out, rms_weight if norm else out, float(eps), latent, m * top_k * latent if split > 1 else 0,
+        pairs, topk_ids, topk_weights, out, rms_weight if norm else out, float(eps), latent, pairs.stride(0) if split > 1 else 0,
         TOP_K=top_k, BLOCK_L=block_l, NORM=norm, INTERPRET=interpreting(), SPLIT=split,
         num_warps=8 if block_l >= 2048 else 4,
     )

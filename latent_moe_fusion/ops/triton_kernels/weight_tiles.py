@@ -66,7 +66,18 @@ FP4_PAIRS_ASM = (
 # Indexed by the magnitude (code & 7): high bytes 00 3F 3F 3F 40 40 40 40 and low bytes
 # 00 00 80 C0 00 40 80 C0 of bf16 0, .5, 1, 1.5, 2, 3, 4, 6. The sign of code k (bit 4k + 3) is bit 7
 # of byte k/2 of (w << 4) for even k and of w for odd k: one prmt gathers 4 of them.
-FP4_LUT_ASM = """
+# One half per 4 codes: `idx` holds their magnitudes as prmt byte indices, `sel` gathers their sign
+# bytes, and $lo / $hi receive the bf16x2 pairs.
+_LUT_HALF = """        prmt.b32 hi, hi_a, hi_b, {idx};
+        prmt.b32 lo, lo_a, lo_b, {idx};
+        prmt.b32 sg, t, $4, {sel};
+        and.b32 sg, sg, 0x80808080;
+        or.b32 hi, hi, sg;
+        prmt.b32 ${lo}, lo, hi, 0x5140;
+        prmt.b32 ${hi}, lo, hi, 0x7362;
+"""
+FP4_LUT_ASM = (
+    """
         {
         .reg .b32 m, m2, hi_a, hi_b, lo_a, lo_b, hi, lo, t, sg;
         mov.b32 hi_a, 0x3F3F3F00;
@@ -76,22 +87,12 @@ FP4_LUT_ASM = """
         and.b32 m, $4, 0x77777777;
         shr.b32 m2, m, 16;
         shl.b32 t, $4, 4;
-        prmt.b32 hi, hi_a, hi_b, m;
-        prmt.b32 lo, lo_a, lo_b, m;
-        prmt.b32 sg, t, $4, 0x5140;
-        and.b32 sg, sg, 0x80808080;
-        or.b32 hi, hi, sg;
-        prmt.b32 $0, lo, hi, 0x5140;
-        prmt.b32 $1, lo, hi, 0x7362;
-        prmt.b32 hi, hi_a, hi_b, m2;
-        prmt.b32 lo, lo_a, lo_b, m2;
-        prmt.b32 sg, t, $4, 0x7362;
-        and.b32 sg, sg, 0x80808080;
-        or.b32 hi, hi, sg;
-        prmt.b32 $2, lo, hi, 0x5140;
-        prmt.b32 $3, lo, hi, 0x7362;
-        }
+"""
+    + _LUT_HALF.format(idx="m", sel="0x5140", lo=0, hi=1)
+    + _LUT_HALF.format(idx="m2", sel="0x7362", lo=2, hi=3)
+    + """        }
         """
+)
 
 # Globals read inside @triton.jit code must be constexpr.
 _PAIRS_ASM_TEXT = tl.constexpr(FP4_PAIRS_ASM)
