@@ -206,7 +206,7 @@ def config_name(c: ProducerConfig) -> str:
                 + (f"n{t.bn_shared}" if t.bn_shared else "") + (f"r{t.maxnreg}" if t.maxnreg else "")
                 + ("tma" if t.tma else ""))
 
-    return f"bm{c.bm} l1:{tiles(c.l1)} l2:{tiles(c.l2)} dq{c.dequant}"
+    return f"bm{c.bm} l1:{tiles(c.l1)} l2:{tiles(c.l2)} dq{c.dequant}" + (" regs" if c.routed_regs else "")
 
 
 def graph_us(fn, n_sets) -> float:

@@ -1,8 +1,8 @@
 """A tiny interpreter for the integer PTX the MXFP4 dequantisers use, so the very asm text the GPU
 compiles is checked on the CPU (the Triton interpreter cannot run inline asm).
 
-Covers: mov.b32, and.b32, or.b32, shl.b32, shr.b32 (logical), prmt.b32 (default mode) and
-mul.rn.bf16x2. Operands: named registers, $N arguments, decimal or hex immediates.
+Covers: mov.b32 (also the unpack form `mov.b32 {lo, hi}, r`), and.b32, or.b32, shl.b32, shr.b32
+(logical), mul.lo.u32, prmt.b32 (default mode) and mul.rn.bf16x2. Operands: named registers, $N arguments, decimal or hex immediates.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ _OPS = {
     "or.b32": lambda x: x[0] | x[1],
     "shl.b32": lambda x: (x[0] << x[1]) & MASK,
     "shr.b32": lambda x: x[0] >> x[1],
+    "mul.lo.u32": lambda x: x[0] * x[1],
     "prmt.b32": lambda x: _prmt(*x),
     "mul.rn.bf16x2": lambda x: _mul_bf16x2(*x),
 }
@@ -72,6 +73,12 @@ def run_ptx(asm: str, inputs: dict[int, int], num_outputs: int) -> list[int]:
         if not line or line in "{}" or line.startswith(".reg"):
             continue
         op, rest = line.split(None, 1)
+        if op == "mov.b32" and rest.startswith("{"):  # unpack into 16-bit halves: {lo, hi}, src
+            halves, src = rest[1:].split("}", 1)
+            lo, hi = (t.strip() for t in halves.split(","))
+            v = value(src.strip(" ,"))
+            regs[lo], regs[hi] = v & 0xFFFF, v >> 16
+            continue
         dest, *args = [t.strip() for t in rest.split(",")]
         if op not in _OPS:
             raise NotImplementedError(f"ptx_emulator: {op}")

@@ -4,6 +4,7 @@ at every position of a packed word must come out as the exact bf16 value, in k o
 import numpy as np
 import pytest
 
+from latent_moe_fusion.ops.gluon_kernels.lut_dequant import FP4_LUT8_ASM
 from latent_moe_fusion.ops.triton_kernels.weight_tiles import FP4_LUT_ASM, FP4_PAIRS_ASM
 from tests.ptx_emulator import run_ptx
 
@@ -30,6 +31,27 @@ def test_every_code_at_every_position(asm):
             got = (out[k // 2] >> (16 * (k % 2))) & 0xFFFF
             code = (w >> (4 * k)) & 0xF
             assert got == expected_bf16_bits(code), f"word {w:#010x} k {k} code {code}: {got:#06x}"
+
+
+def scaled_bf16_bits(code: int, scale: int) -> int:
+    """bf16 bits of e2m1(code) * 2^(scale - 127), exact (scale byte 0 gives 0)."""
+    value = np.float32(-E2M1[code & 7] if code & 8 else E2M1[code & 7]) * np.float32(2.0 ** (scale - 127) if scale else 0.0)
+    return int(np.array([value], dtype=np.float32).view(np.uint32)[0]) >> 16
+
+
+def test_lut8_gives_every_code_times_its_scale_as_16_bit_outputs():
+    """The Gluon kernels' dequantiser: $8 = word, $9 = E8M0 byte; $i = code i of the word, scaled."""
+    rng = np.random.default_rng(1)
+    scales = [0, 1, 100, 127, 128, 140, 200] + [int(s) for s in rng.integers(90, 160, size=20)]
+    for i, w in enumerate(words()):
+        scale = scales[i % len(scales)]
+        out = run_ptx(FP4_LUT8_ASM, {8: w, 9: scale}, 8)
+        for k in range(8):
+            code = (w >> (4 * k)) & 0xF
+            expected = scaled_bf16_bits(code, scale)
+            if scale == 0:
+                expected &= 0x8000  # 2^-127 is taken as 0 (see weight_tiles): a signed zero
+            assert out[k] == expected, f"word {w:#010x} scale {scale} k {k} code {code}: {out[k]:#06x}"
 
 
 def test_emulator_prmt_matches_the_ptx_manual_examples():

@@ -60,3 +60,35 @@ def test_explicit_tma_config_on_an_unfit_weight_is_kept_and_refused_at_launch(sm
     assert cfg.l1.tma  # the caller asked for it: _weight_descriptor raises with what to do
     with pytest.raises(ValueError, match="tma=False"):
         expert_schedule._weight_descriptor(w13, cfg.l1.bn, cfg.l1.bk, True)
+
+
+@pytest.fixture
+def hopper(sm90, monkeypatch):
+    monkeypatch.setattr(producer_config, "_is_hopper", lambda: True)
+    monkeypatch.delenv("LMF_MXFP4_REGS", raising=False)
+
+
+def test_routed_regs_only_for_mxfp4_decode_blocks_of_16_or_32_on_hopper(hopper, monkeypatch):
+    def regs(pairs, fmt="mxfp4", experts=LOCAL_EXPERTS):
+        return producer_config.pick_config(pairs, fmt, torch.bfloat16, experts).routed_regs
+
+    assert regs(16) and regs(32 * 16)  # 16-row blocks
+    assert producer_config.pick_config(2048, "mxfp4", torch.bfloat16, 112).bm == 32 and regs(2048)
+    assert not regs(64 * 16, experts=16)  # 64 rows per expert block: Triton tiles
+    assert not regs(4096 * 16)  # prefill
+    assert not regs(16, fmt="bf16")
+    monkeypatch.setenv("LMF_MXFP4_REGS", "0")
+    assert not regs(16)
+
+
+def test_a_given_regs_config_that_cannot_run_says_why():
+    """On this CPU machine (interpreter) the Gluon kernels cannot run: a config asking for them raises
+    with the reason; the picked config never asks."""
+    from dataclasses import replace
+
+    from tests.expert_problems import make_problem
+
+    p = make_problem(2, latent=128, inter=128, num_experts=4, top_k=2, hidden=128, inter_s=64, weight_format="mxfp4")
+    cfg = replace(producer_config.pick_config(4, "mxfp4", torch.bfloat16, 4), routed_regs=True)
+    with pytest.raises(ValueError, match="routed_regs.*(sm_90|TRITON_INTERPRET)"):
+        expert_schedule.run_experts(*p.routed_args(), config=cfg)

@@ -6,15 +6,21 @@
   3. l2_kernel         routed down -> FP32 pair rows  and  shared down -> fragments (one grid)
   4. combine_kernel    FP32 top-k sum in slot order, one rounding, RMSNorm fused
 Every size that shapes a grid or buffer is known on the host; nothing reads device data back.
+
+MXFP4 decode on sm_90: the routed tiles of 2 and 3 run on the Gluon register-dequant kernels
+(ops/gluon_kernels) instead; the shared expert's tiles keep the Triton kernels, launched on a side
+stream so that they overlap the routed ones as they do inside one grid.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 
 import torch
 import triton
 
+from ..gluon_kernels import launch_routed_l1, launch_routed_l2, regs_path_reason
 from .combine import launch_combine
 from .expert_gemm import l1_kernel, l2_kernel
 from .moe_align import group_by_expert
@@ -78,6 +84,18 @@ def resolve_config(
     return cfg
 
 
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for the shared expert's launches (fork / join with the caller's
+    stream, so CUDA-graph capture follows it)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _SIDE_STREAMS[index]
+
+
 def run_experts(
     z: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -117,8 +135,21 @@ def run_experts(
         nb_max = grouping.nb_max
     else:
         grouping, nb_max = None, 0
+    # Routed tiles on the Gluon register-dequant kernels (MXFP4 decode, sm_90); the Triton grids then
+    # hold only the shared expert's tiles. A picked config falls back to the Triton tiles where the Gluon
+    # kernels cannot take the call; a given one says why.
+    regs = cfg.routed_regs and grouping is not None
+    if regs:
+        reason = regs_path_reason(z, w13, w2, w13_scale, w2_scale, weight_format, bm)
+        if reason is not None and config is not None:
+            raise ValueError(f"config.routed_regs: the register-dequant kernels cannot take this call ({reason}); "
+                             "use a config with routed_regs=False")
+        regs = reason is None
+    nb_triton = 0 if regs else nb_max
     act = torch.empty(max(nb_max * bm, 1), inter, dtype=z.dtype, device=dev)
     split1, split2 = cfg.l1.split_k, cfg.l2.split_k
+    if regs:
+        split2 = 1  # routed L2 slices exist only in the Triton kernel; its shared tiles are never split
     pairs_shape = (max(num_pairs, 1), latent) if split2 == 1 else (split2, max(num_pairs, 1), latent)
     pairs = torch.empty(pairs_shape, dtype=torch.float32, device=dev)
     sorted_pairs = grouping.sorted_pairs if grouping else act
@@ -140,7 +171,7 @@ def run_experts(
         x_s = w1_s = w3_s = w2_s = act_s = s_out = z
         m_s, hidden, inter_s, sh_l1, sh_l2 = 0, latent, inter, 0, 0
 
-    n_rows_r = nb_max * bm
+    n_rows_r = nb_triton * bm
     if split1 > 1:  # FP32 gate/up partial sums per K slice, [SPLIT, rows, 2 * width]
         h_part = torch.empty(split1, max(n_rows_r, 1), 2 * inter, dtype=torch.float32, device=dev)
         hs_part = torch.empty(split1, max(m_s, 1), 2 * inter_s, dtype=torch.float32, device=dev)
@@ -150,30 +181,39 @@ def run_experts(
     w2_desc = _weight_descriptor(w2, cfg.l2.bn, cfg.l2.bk, mxfp4) if cfg.l2.tma else w2
     tiles_r1 = triton.cdiv(inter, cfg.l1.bn)
     tiles_r2 = triton.cdiv(latent, cfg.l2.bn)
-    grid1 = (sh_l1 + nb_max * tiles_r1) * split1
-    grid2 = sh_l2 + nb_max * tiles_r2 * split2
+    grid1 = (sh_l1 + nb_triton * tiles_r1) * split1
+    grid2 = sh_l2 + nb_triton * tiles_r2 * split2
     common = dict(BM=bm, MXFP4=mxfp4, DEQUANT=cfg.dequant, INTERPRET=interp, DOT_PREC=prec)
-    if grid1 > 0:
-        l1_kernel[(grid1,)](
-            z, w13, w13s, sorted_pairs, block_expert, act, w13_desc,
-            latent, inter, top_k, s13_e, s13_n, s13s_e, s13s_n,
-            x_s, w1_s, w3_s, act_s, hidden, inter_s, m_s,
-            sh_l1, tiles_r1, triton.cdiv(inter_s, cfg.l1.shared_bn), float(beta), float(lin_beta),
-            h_part, hs_part, n_rows_r,
-            BN=cfg.l1.bn, BK=cfg.l1.bk, BNS=cfg.l1.shared_bn, BKS=cfg.l1.bk_shared, WDESC=cfg.l1.tma, SPLIT=split1,
-            **cfg.l1.launch_options(), **common,
-        )
-        if split1 > 1:
-            launch_l1_finish(h_part, block_expert, act, n_rows_r, inter, hs_part, act_s, m_s, inter_s,
-                             beta, lin_beta, bm, split1, interp)
-    if grid2 > 0:
-        l2_kernel[(grid2,)](
-            act, w2, w2s, sorted_pairs, block_expert, pairs, w2_desc,
-            latent, inter, s2_e, s2_n, s2s_e, s2s_n,
-            act_s, w2_s, s_out, hidden, inter_s, m_s,
-            sh_l2, tiles_r2, triton.cdiv(hidden, cfg.l2.shared_bn), num_pairs,
-            BN=cfg.l2.bn, BK=cfg.l2.bk, BNS=cfg.l2.shared_bn, BKS=cfg.l2.bk_shared, WDESC=cfg.l2.tma, SPLIT=split2,
-            **cfg.l2.launch_options(), **common,
-        )
+    side = _side_stream(dev) if regs and grid1 + grid2 > 0 else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        if grid1 > 0:
+            l1_kernel[(grid1,)](
+                z, w13, w13s, sorted_pairs, block_expert, act, w13_desc,
+                latent, inter, top_k, s13_e, s13_n, s13s_e, s13s_n,
+                x_s, w1_s, w3_s, act_s, hidden, inter_s, m_s,
+                sh_l1, tiles_r1, triton.cdiv(inter_s, cfg.l1.shared_bn), float(beta), float(lin_beta),
+                h_part, hs_part, n_rows_r,
+                BN=cfg.l1.bn, BK=cfg.l1.bk, BNS=cfg.l1.shared_bn, BKS=cfg.l1.bk_shared, WDESC=cfg.l1.tma,
+                SPLIT=split1, **cfg.l1.launch_options(), **common,
+            )
+            if split1 > 1:
+                launch_l1_finish(h_part, block_expert, act, n_rows_r, inter, hs_part, act_s, m_s, inter_s,
+                                 beta, lin_beta, bm, split1, interp)
+        if grid2 > 0:
+            l2_kernel[(grid2,)](
+                act, w2, w2s, sorted_pairs, block_expert, pairs, w2_desc,
+                latent, inter, s2_e, s2_n, s2s_e, s2s_n,
+                act_s, w2_s, s_out, hidden, inter_s, m_s,
+                sh_l2, tiles_r2, triton.cdiv(hidden, cfg.l2.shared_bn), num_pairs,
+                BN=cfg.l2.bn, BK=cfg.l2.bk, BNS=cfg.l2.shared_bn, BKS=cfg.l2.bk_shared, WDESC=cfg.l2.tma,
+                SPLIT=split2, **cfg.l2.launch_options(), **common,
+            )
+    if regs:
+        launch_routed_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm, top_k, beta, lin_beta)
+        launch_routed_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max, bm)
+    if side is not None:
+        torch.cuda.current_stream(dev).wait_stream(side)
     launch_combine(pairs, topk_ids, topk_weights, y, rms_weight, eps)
     return y

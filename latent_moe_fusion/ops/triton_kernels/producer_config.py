@@ -46,6 +46,9 @@ class ProducerConfig:
     l1: GemmTiles
     l2: GemmTiles
     dequant: int = DEQUANT_ASM_PAIRS
+    # Routed MXFP4 tiles on the Gluon register-dequant kernels (ops/gluon_kernels; sm_90, 16 or 32-row
+    # blocks): l1 / l2 then shape only the shared expert's tiles.
+    routed_regs: bool = False
 
     def with_k_dims(self, routed_k: tuple[int, int], shared_k: tuple[int, int] | None, mxfp4: bool) -> ProducerConfig:
         """Shrink each K tile until it divides its K: routed (L1: L, L2: I), shared (L1: H, L2: I_s)."""
@@ -124,16 +127,33 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
             # 1191 with a 128-register cap, 1233 with pointer loads and the bias-multiply dequant;
             # producer_weight_loads.md, producer_notes.md run 5). BM = 32: pointer loads (1457 vs
             # 1505 us by TMA at M = 128) and no cap (1691 vs 1569 us with it, run 2).
+            # On sm_90 the routed tiles go to the register-dequant kernels (1.3-1.75x faster than these
+            # Triton tiles at M = 8 .. 128, producer_notes.md run 6); the tiles below then shape the
+            # shared expert's programs, and the routed ones wherever the Gluon kernels cannot take a call.
+            regs = bm in REGS_BLOCK_M and _is_hopper() and regs_enabled()
             bn_s, bk_s = decode_shared_tiles()
             if bm == 16:
                 split = DECODE_SPLIT_K if num_pairs <= SPLIT_K_MAX_PAIRS else (1, 1)
                 return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=sm90, split_k=split[0]),
-                                      GemmTiles(64, 128, 4, 4, 32, 128, tma=sm90, split_k=split[1]), dequant)
-            return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s), GemmTiles(64, 128, 4, 4, 32), dequant)
+                                      GemmTiles(64, 128, 4, 4, 32, 128, tma=sm90, split_k=split[1]), dequant, regs)
+            return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s), GemmTiles(64, 128, 4, 4, 32), dequant,
+                                  regs)
         return ProducerConfig(bm, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), dequant)
     if weight_format == "mxfp4":
         return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(128, 64, 8, 3), dequant)
     return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(256, 64, 8, 3), dequant)
+
+
+REGS_BLOCK_M = (16, 32)  # block rows the register-dequant kernels take
+
+
+def regs_enabled() -> bool:
+    return os.environ.get("LMF_MXFP4_REGS", "1") != "0"
+
+
+def _is_hopper() -> bool:
+    """sm_90 exactly: the register-dequant kernels use Hopper's warpgroup MMA."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
 def _has_sm90() -> bool:

@@ -1,0 +1,93 @@
+"""Gluon kernels (sm_90): routed MXFP4 decode GEMMs with register-resident dequantisation.
+
+Used by the Triton backend's schedule (triton_kernels/expert_schedule.py) for MXFP4 decode blocks
+on Hopper; `regs_path_reason` says why a call cannot take them (None if it can).
+LMF_MXFP4_REGS=0 turns the path off (the Triton kernels then run alone, as before).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..mxfp4 import BLOCK as MXFP4_BLOCK
+
+ENV_SWITCH = "LMF_MXFP4_REGS"  # read by producer_config.regs_enabled too
+BLOCK_ROWS = (16, 32)  # rows per expert block the kernels take (the MMA's N)
+STEP_K = 128  # k per mainloop step (routed_gemm.BK)
+ROW_TILES = (64, 128)  # weight rows per program: L1 (4 warps), L2 (8 warps)
+
+
+def _gluon_importable() -> bool:
+    try:
+        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def regs_path_reason(
+    z: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None, weight_format: str, block_m: int,
+) -> str | None:
+    """Why these routed GEMMs cannot run on the register-dequant kernels (None if they can)."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return f"{ENV_SWITCH}=0"
+    if weight_format != "mxfp4":
+        return "only MXFP4 weights"
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return "Gluon kernels do not run under TRITON_INTERPRET=1"
+    if not z.is_cuda or torch.cuda.get_device_capability(z.device) != (9, 0):
+        return "needs an sm_90 GPU (warpgroup MMA with a register operand)"
+    if z.dtype != torch.bfloat16:
+        return f"activations must be bfloat16, got {z.dtype}"
+    if block_m not in BLOCK_ROWS:
+        return f"decode blocks of {' or '.join(map(str, BLOCK_ROWS))} rows only (this batch groups by {block_m})"
+    latent, inter = z.shape[1], w2.shape[-1] * 2
+    if latent % max(STEP_K, ROW_TILES[1]) or inter % max(STEP_K, ROW_TILES[0]):
+        return f"L = {latent} must be a multiple of {max(STEP_K, ROW_TILES[1])} and I = {inter} of {max(STEP_K, ROW_TILES[0])}"
+    for w, s in ((w13, w13_scale), (w2, w2_scale)):
+        if not (w.is_contiguous() and s is not None and s.is_contiguous()) or w.data_ptr() % 16:
+            return "weights and scales must be contiguous with 16-byte aligned weights"
+        if s.shape[-1] * MXFP4_BLOCK != w.shape[-1] * 2:
+            return "scale shape does not match the weight"
+    if not _gluon_importable():
+        return "this triton has no Gluon hopper module"
+    return None
+
+
+def launch_routed_l1(
+    z: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, sorted_pairs: torch.Tensor,
+    block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, block_m: int, top_k: int, beta: float,
+    lin_beta: float,
+) -> None:
+    """act[block rows, :I] = bf16(SiTU(gate, up)) for every routed block (rows of unused blocks untouched)."""
+    from .routed_gemm import BK, L1_WARPS, l1_regs_kernel
+
+    latent = z.shape[1]
+    inter = w13.shape[1] // 2
+    words = w13.view(torch.int32)
+    grid = (num_blocks * (inter // (16 * L1_WARPS)),)
+    l1_regs_kernel[grid](
+        z, words, w13_scale, sorted_pairs, block_expert, act, inter, latent, latent // 8, latent // MXFP4_BLOCK,
+        top_k, words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta),
+        BM=block_m, BK=BK, num_warps=L1_WARPS,
+    )
+
+
+def launch_routed_l2(
+    act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, sorted_pairs: torch.Tensor,
+    block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int, block_m: int,
+) -> None:
+    """pairs[pair, :] = act[row] @ W2[e]^T in FP32 for every valid (token, slot) row."""
+    from .routed_gemm import BK, L2_WARPS, l2_regs_kernel
+
+    latent = w2.shape[1]
+    inter = act.shape[1]
+    words = w2.view(torch.int32)
+    grid = (num_blocks * (latent // (16 * L2_WARPS)),)
+    l2_regs_kernel[grid](
+        act, words, w2_scale, sorted_pairs, block_expert, pairs, latent, inter, inter // 8, inter // MXFP4_BLOCK,
+        words.stride(0), w2_scale.stride(0), BM=block_m, BK=BK, num_warps=L2_WARPS,
+    )

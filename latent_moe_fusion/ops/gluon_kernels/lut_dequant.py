@@ -1,0 +1,87 @@
+"""MXFP4 -> BF16 in the registers of a wgmma A fragment (Gluon, sm_90).
+
+A thread of the wgmma A layout (k_width 2) holds, per row and per 16-wide k chunk, the pairs
+k = 2q + {0, 1} and 2q + 8 + {0, 1} (q = lane % 4). The GEMM's k order inside each 128-wide step is
+free as long as the activations follow it, so the kernels use kappa (the MMA's k) with
+
+    k     = 32 q + 8 w + 4 c0 + 2 h + e      (the weight's own k, as stored)
+    kappa = 32 w + 16 c0 + 8 h + 2 q + e
+
+Thread q then owns k 32q .. 32q + 31 of its rows: 16 contiguous bytes (one 16-byte load) under one
+E8M0 scale, in the standard [E, N, K/2] layout (no repacking). Each 32-bit word (8 codes, one
+scale) becomes 8 BF16 values by table lookups (prmt on two 8-byte tables of the e2m1 magnitudes'
+high and low bytes, the sign gathered by one more prmt) and two bf16x2 multiplies by the scale.
+The asm hands out 16-bit halves; joining them with the e (pair) index innermost keeps every bf16x2
+wgmma register one asm result, so no shuffles follow (checked in the SASS by the compile test).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+# One half of a word: 4 codes -> two bf16x2 pairs times the scale, each split into 16-bit outputs.
+_HALF = """        prmt.b32 hi, hi_a, hi_b, {idx};
+        prmt.b32 lo, lo_a, lo_b, {idx};
+        prmt.b32 sg, t, $8, {sel};
+        and.b32 sg, sg, 0x80808080;
+        or.b32 hi, hi, sg;
+        prmt.b32 p, lo, hi, 0x5140;
+        mul.rn.bf16x2 p, p, sc;
+        mov.b32 {{${o0}, ${o1}}}, p;
+        prmt.b32 p, lo, hi, 0x7362;
+        mul.rn.bf16x2 p, p, sc;
+        mov.b32 {{${o2}, ${o3}}}, p;
+"""
+# $8: 8 codes (code i in bits 4i .. 4i + 3), $9: the E8M0 byte; $0 .. $7: bf16 value of code i times
+# 2^(scale - 127) (bf16 bits scale << 7; scale byte 0 gives 0, as the Triton dequantisers do).
+FP4_LUT8_ASM = (
+    """
+        {
+        .reg .b32 m, m2, hi_a, hi_b, lo_a, lo_b, hi, lo, t, sg, sc, p;
+        mov.b32 hi_a, 0x3F3F3F00;
+        mov.b32 hi_b, 0x40404040;
+        mov.b32 lo_a, 0xC0800000;
+        mov.b32 lo_b, 0xC0804000;
+        mul.lo.u32 sc, $9, 0x00800080;
+        and.b32 m, $8, 0x77777777;
+        shr.b32 m2, m, 16;
+        shl.b32 t, $8, 4;
+"""
+    + _HALF.format(idx="m", sel="0x5140", o0=0, o1=1, o2=2, o3=3)
+    + _HALF.format(idx="m2", sel="0x7362", o0=4, o1=5, o2=6, o3=7)
+    + """        }
+        """
+)
+_LUT8_TEXT = gl.constexpr(FP4_LUT8_ASM)
+
+
+@gluon.jit
+def _codes_to_bf16(words, scales):
+    return gl.inline_asm_elementwise(
+        asm=_LUT8_TEXT, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,r", args=[words, scales],
+        dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1,
+    )
+
+
+@gluon.jit
+def to_kappa(x, R: gl.constexpr, BK: gl.constexpr):
+    """[R, BK] in k order -> the same values in kappa order (a bit permutation of the index)."""
+    x = gl.reshape(x, [R, 4, 4, 2, 2, 2])  # (r, q, w, c0, h, e)
+    x = gl.permute(x, [0, 2, 3, 4, 1, 5])  # (r, w, c0, h, q, e)
+    return gl.reshape(x, [R, BK])
+
+
+@gluon.jit
+def dequant_kappa(words, scales, BN: gl.constexpr, BK: gl.constexpr):
+    """int32 words [BN, BK/8] (thread q: words 4q .. 4q + 3), int32 scale bytes per word ->
+    [BN, BK] bf16 in kappa order."""
+    o0, o1, o2, o3, o4, o5, o6, o7 = _codes_to_bf16(words, scales)
+    # Output i is code i = 4 c0 + 2 h + e of its word (byte 2 c0 + h). The e join comes last so that
+    # it is the innermost register dimension.
+    y0 = gl.join(gl.join(o0, o2), gl.join(o4, o6))  # [BN, W, h, c0] for e = 0
+    y1 = gl.join(gl.join(o1, o3), gl.join(o5, o7))
+    w = gl.join(y0, y1)  # [BN, W, h, c0, e], W = 4q + w
+    w = gl.reshape(w, [BN, 4, 4, 2, 2, 2])  # (n, q, w, h, c0, e)
+    w = gl.permute(w, [0, 2, 4, 3, 1, 5])  # (n, w, c0, h, q, e)
+    return gl.reshape(w, [BN, BK])

@@ -1,0 +1,169 @@
+"""Routed MXFP4 expert GEMMs for decode with the dequantised weights fed to wgmma from registers.
+
+Same schedule and outputs as triton_kernels/expert_gemm.py for blocks of BM = 16 or 32 (token, slot)
+rows: out^T [BN, BM] = W[e, rows, :] @ act^T, the weight the left operand. The Triton kernels stage
+every dequantised tile through shared memory before the MMA (load -> dequant -> store -> barrier ->
+wgmma, latency-bound: bench/results/producer_notes.md, run 5). Here each thread loads the 16
+contiguous bytes of its own fragment (lut_dequant.py: the MMA's k order is permuted so that this holds
+for the standard layout), expands them in registers and issues the wgmma with A from registers;
+only the small activation tile [BM, 128] goes through shared memory (double-buffered, stored in the
+permuted order). The next step's weights are loaded before the current one is expanded.
+
+L1 (gate and up, two accumulators, SiTU of the FP32 sums, act rounded once) and L2 (down, FP32 pair
+rows for the combine) as in the Triton kernels; shared-expert tiles are not handled here.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+from .lut_dequant import dequant_kappa, to_kappa
+
+BM = 16  # rows per block (the grouping granularity of the decode configs; 32 works too, as the MMA's N)
+BK = 128  # k per step: one 32-block per thread
+L1_WARPS = 4  # H200: 4 warps beat 8 for L1 (2 accumulators), 8 beat 4 for L2 (bench/results/producer_notes.md, run 6)
+L2_WARPS = 8
+
+
+@gluon.jit
+def _weight_ptrs(w_ptr, s_ptr, expert, row0, row_words, row_scales, stride_we, stride_se,
+                 BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
+    """Pointers to the int32 words [BN, BK/8] and their scale bytes for k = 0: thread q of a row
+    holds words 4q .. 4q + 3 (one 16-byte load) and its rows are lane / 4 + {0, 8} of its warp's 16."""
+    warp_bases: gl.constexpr = [[16, 0], [32, 0]] if NW == 4 else [[16, 0], [32, 0], [64, 0]]
+    words_l: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [8, 0]],
+        lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+        warp_bases=warp_bases, block_bases=[], shape=[BN, BK // 8])
+    rn = row0 + gl.arange(0, BN, layout=gl.SliceLayout(1, words_l))
+    rj = gl.arange(0, BK // 8, layout=gl.SliceLayout(0, words_l))
+    e = expert.to(gl.int64)
+    w_ptrs = w_ptr + e * stride_we + rn[:, None] * row_words + rj[None, :]
+    s_ptrs = s_ptr + e * stride_se + rn[:, None] * row_scales + (rj // 4)[None, :]
+    return w_ptrs, s_ptrs
+
+
+@gluon.jit
+def _step(wd, sc, wd2, sc2, act, buf, acc, acc2, DUAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+          BK: gl.constexpr, NW: gl.constexpr):
+    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
+    buf.store(to_kappa(act, BM, BK))
+    fence_async_shared()
+    # One barrier per step: a buffer is rewritten two steps later, after every warp passed the next
+    # step's barrier and so finished this step's (synchronous) wgmma.
+    gl.thread_barrier()
+    a_reg = gl.convert_layout(dequant_kappa(wd, sc.to(gl.int32), BN, BK), a_l, assert_trivial=True)
+    acc = warpgroup_mma(a_reg, buf.permute((1, 0)), acc)
+    if DUAL:
+        a_reg2 = gl.convert_layout(dequant_kappa(wd2, sc2.to(gl.int32), BN, BK), a_l, assert_trivial=True)
+        acc2 = warpgroup_mma(a_reg2, buf.permute((1, 0)), acc2)
+    return acc, acc2
+
+
+@gluon.jit
+def _mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, K, DUAL: gl.constexpr,
+              BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
+    """acc (and acc2 if DUAL) [BN, BM] in FP32 over K; the next step's loads are issued first."""
+    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
+    b_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    b_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BM, BK], b_sl)
+    acc = gl.zeros([BN, BM], gl.float32, layout=mma_l)
+    acc2 = gl.zeros([BN, BM], gl.float32, layout=mma_l)
+    wd = gl.load(w_ptrs)
+    sc = gl.load(s_ptrs)
+    wd2 = wd
+    sc2 = sc
+    if DUAL:
+        wd2 = gl.load(w2_ptrs)
+        sc2 = gl.load(s2_ptrs)
+    act = gl.load(a_ptrs, mask=a_mask, other=0.0)
+    i = 0
+    for k0 in range(0, K, BK):
+        k_nx = gl.multiple_of(gl.minimum(k0 + BK, K - BK), BK)  # the last step reloads itself
+        wd_nx = gl.load(w_ptrs + k_nx // 8)
+        sc_nx = gl.load(s_ptrs + k_nx // 32)
+        wd2_nx = wd_nx
+        sc2_nx = sc_nx
+        if DUAL:
+            wd2_nx = gl.load(w2_ptrs + k_nx // 8)
+            sc2_nx = gl.load(s2_ptrs + k_nx // 32)
+        act_nx = gl.load(a_ptrs + k_nx, mask=a_mask, other=0.0)
+        acc, acc2 = _step(wd, sc, wd2, sc2, act, b_smem.index(i % 2), acc, acc2, DUAL, BM, BN, BK, NW)
+        wd, sc, wd2, sc2, act = wd_nx, sc_nx, wd2_nx, sc2_nx, act_nx
+        i += 1
+    return acc, acc2
+
+
+@gluon.jit
+def _tanh(x):
+    # as numerics._tanh: stable for large |x|
+    t = gl.exp(-2.0 * gl.abs(x))
+    r = (1.0 - t) / (1.0 + t)
+    return gl.where(x >= 0, r, -r)
+
+
+@gluon.jit(do_not_specialize=["top_k"])
+def l1_regs_kernel(
+    z_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, inter, K, row_words, row_scales, top_k,
+    stride_we, stride_se, beta, lin_beta,
+    BM: gl.constexpr, BK: gl.constexpr, num_warps: gl.constexpr,
+):
+    NW: gl.constexpr = num_warps
+    BN: gl.constexpr = 16 * NW
+    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
+    act_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
+    tiles_n = inter // BN
+    pid = gl.program_id(0)
+    blk = pid // tiles_n
+    n0 = (pid % tiles_n) * BN
+    expert = gl.load(block_expert_ptr + blk)
+    if expert >= 0:
+        wg_ptrs, sg_ptrs = _weight_ptrs(w_ptr, s_ptr, expert, n0, row_words, row_scales, stride_we, stride_se,
+                                        BN, BK, NW)
+        wu_ptrs, su_ptrs = _weight_ptrs(w_ptr, s_ptr, expert, inter + n0, row_words, row_scales, stride_we,
+                                        stride_se, BN, BK, NW)
+        pos = blk * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, act_l))
+        pair = gl.load(sorted_ptr + pos)
+        tok = gl.where(pair >= 0, pair // top_k, 0)
+        ak = gl.arange(0, BK, layout=gl.SliceLayout(0, act_l))
+        a_ptrs = z_ptr + tok[:, None].to(gl.int64) * K + ak[None, :]
+        a_mask = (pair >= 0)[:, None] & (ak >= 0)[None, :]
+        g, u = _mainloop(wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, a_ptrs, a_mask, K, True, BM, BN, BK, NW)
+        # SiTU in the order of numerics.situ
+        h = (beta * _tanh(g / beta) * (1.0 / (1.0 + gl.exp(-g)))) * (lin_beta * _tanh(u / lin_beta))
+        on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
+        om = blk * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, mma_l))
+        gl.store(act_ptr + om[None, :].to(gl.int64) * inter + on[:, None], h.to(act_ptr.dtype.element_ty))
+
+
+@gluon.jit
+def l2_regs_kernel(
+    act_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, latent, K, row_words, row_scales,
+    stride_we, stride_se,
+    BM: gl.constexpr, BK: gl.constexpr, num_warps: gl.constexpr,
+):
+    NW: gl.constexpr = num_warps
+    BN: gl.constexpr = 16 * NW
+    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
+    act_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
+    tiles_n = latent // BN
+    pid = gl.program_id(0)
+    blk = pid // tiles_n
+    n0 = (pid % tiles_n) * BN
+    expert = gl.load(block_expert_ptr + blk)
+    if expert >= 0:
+        w_ptrs, s_ptrs = _weight_ptrs(w_ptr, s_ptr, expert, n0, row_words, row_scales, stride_we, stride_se,
+                                      BN, BK, NW)
+        am = blk * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, act_l))
+        ak = gl.arange(0, BK, layout=gl.SliceLayout(0, act_l))
+        a_ptrs = act_ptr + am[:, None].to(gl.int64) * K + ak[None, :]
+        a_mask = (am >= 0)[:, None] & (ak >= 0)[None, :]
+        acc, acc2 = _mainloop(w_ptrs, s_ptrs, w_ptrs, s_ptrs, a_ptrs, a_mask, K, False, BM, BN, BK, NW)
+        on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
+        om = blk * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, mma_l))
+        pair = gl.load(sorted_ptr + om)
+        dest = pairs_ptr + pair[None, :].to(gl.int64) * latent + on[:, None]
+        gl.store(dest, acc, mask=(pair >= 0)[None, :] & (on >= 0)[:, None])

@@ -1,0 +1,34 @@
+"""The Gluon register-dequant kernels compile for sm_90 on this CPU machine, and their main loop is what
+the design says: wgmma with the dequantised weight from registers (no shared-memory load in the loop,
+and shared-memory stores only for the activation tile), 16-byte weight loads, and L1 within 128
+registers (4 CTAs of 4 warps per SM). The layout conversion to the wgmma operand is compiled with
+assert_trivial, so a change that needs a shuffle fails to compile here.
+
+Runs bench/regs_sass.py in a fresh interpreter without TRITON_INTERPRET (which this test session sets)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_register_dequant_kernels_compile_for_sm90_with_register_operands(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "regs_sass.py"), "--out", str(tmp_path)],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["kernel"]: r for r in json.loads((tmp_path / "regs_sass.json").read_text())}
+    l1, l2 = rows["l1_regs_kernel"], rows["l2_regs_kernel"]
+    # per 128-k step: 8 wgmma (k 16 each) per weight tile; L1 has a gate and an up tile
+    assert (l1["HGMMA"], l2["HGMMA"]) == (16, 8), rows
+    for r in (l1, l2):
+        assert r["LDS"] == 0, f"{r['kernel']}: shared-memory loads in the loop (weight staged?): {r['top']}"
+        act_stores = 16 * 128 * 2 // (r["warps"] * 32) // 4  # activation tile in 4-byte stores at most
+        assert 0 < r["STS"] <= act_stores, f"{r['kernel']}: {r['STS']} shared stores per step: {r['top']}"
+        tiles = 2 if r is l1 else 1
+        assert r["LDG_128"] >= tiles * 2, f"{r['kernel']}: weight words not in 16-byte loads: {r}"
+    assert l1["registers"] <= 128, f"L1 needs {l1['registers']} registers: fewer than 4 CTAs per SM"
