@@ -105,6 +105,54 @@ def _tanh(x):
     return gl.where(x >= 0, r, -r)
 
 
+@gluon.jit
+def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, row0, n0, inter, K, top_k, beta, lin_beta,
+             ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
+    """act[row0 .. row0 + ROWS, n0 .. n0 + BN] = bf16(SiTU(gate, up)) of the rows' tokens."""
+    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, ROWS, 16])
+    act_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
+    pos = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, act_l))
+    pair = gl.load(sorted_ptr + pos)
+    tok = gl.where(pair >= 0, pair // top_k, 0)
+    ak = gl.arange(0, BK, layout=gl.SliceLayout(0, act_l))
+    a_ptrs = z_ptr + tok[:, None].to(gl.int64) * K + ak[None, :]
+    a_mask = (pair >= 0)[:, None] & (ak >= 0)[None, :]
+    g, u = _mainloop(wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, a_ptrs, a_mask, K, True, ROWS, BN, BK, NW)
+    # SiTU in the order of numerics.situ
+    h = (beta * _tanh(g / beta) * (1.0 / (1.0 + gl.exp(-g)))) * (lin_beta * _tanh(u / lin_beta))
+    on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
+    om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma_l))
+    gl.store(act_ptr + om[None, :].to(gl.int64) * inter + on[:, None], h.to(act_ptr.dtype.element_ty))
+
+
+@gluon.jit
+def _l2_rows(act_ptr, w_ptrs, s_ptrs, sorted_ptr, pairs_ptr, row0, n0, latent, K,
+             ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
+    """pairs[pair of row, n0 .. n0 + BN] = act[row] @ W2^T for the valid rows of row0 .. row0 + ROWS."""
+    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, ROWS, 16])
+    act_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
+    am = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, act_l))
+    ak = gl.arange(0, BK, layout=gl.SliceLayout(0, act_l))
+    a_ptrs = act_ptr + am[:, None].to(gl.int64) * K + ak[None, :]
+    a_mask = (am >= 0)[:, None] & (ak >= 0)[None, :]
+    acc, acc2 = _mainloop(w_ptrs, s_ptrs, w_ptrs, s_ptrs, a_ptrs, a_mask, K, False, ROWS, BN, BK, NW)
+    on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
+    om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma_l))
+    pair = gl.load(sorted_ptr + om)
+    dest = pairs_ptr + pair[None, :].to(gl.int64) * latent + on[:, None]
+    gl.store(dest, acc, mask=(pair >= 0)[None, :] & (on >= 0)[:, None])
+
+
+@gluon.jit
+def _half_block(sorted_ptr, row0, BM: gl.constexpr, NW: gl.constexpr):
+    """True when a 32-row block holds at most 16 valid rows (they come first): then the MMA runs
+    with N = 16 on its first half. Decode batches estimate rows per expert from all (token, slot)
+    pairs, most of which, under expert parallelism, belong to other ranks."""
+    rows_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    valid = gl.load(sorted_ptr + row0 + gl.arange(0, BM, layout=rows_l)) >= 0
+    return gl.sum(valid.to(gl.int32), axis=0) <= BM // 2
+
+
 @gluon.jit(do_not_specialize=["top_k"])
 def l1_regs_kernel(
     z_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, inter, K, row_words, row_scales, top_k,
@@ -113,8 +161,6 @@ def l1_regs_kernel(
 ):
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
-    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
-    act_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
     tiles_n = inter // BN
     pid = gl.program_id(0)
     blk = pid // tiles_n
@@ -125,18 +171,15 @@ def l1_regs_kernel(
                                         BN, BK, NW)
         wu_ptrs, su_ptrs = _weight_ptrs(w_ptr, s_ptr, expert, inter + n0, row_words, row_scales, stride_we,
                                         stride_se, BN, BK, NW)
-        pos = blk * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, act_l))
-        pair = gl.load(sorted_ptr + pos)
-        tok = gl.where(pair >= 0, pair // top_k, 0)
-        ak = gl.arange(0, BK, layout=gl.SliceLayout(0, act_l))
-        a_ptrs = z_ptr + tok[:, None].to(gl.int64) * K + ak[None, :]
-        a_mask = (pair >= 0)[:, None] & (ak >= 0)[None, :]
-        g, u = _mainloop(wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, a_ptrs, a_mask, K, True, BM, BN, BK, NW)
-        # SiTU in the order of numerics.situ
-        h = (beta * _tanh(g / beta) * (1.0 / (1.0 + gl.exp(-g)))) * (lin_beta * _tanh(u / lin_beta))
-        on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
-        om = blk * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, mma_l))
-        gl.store(act_ptr + om[None, :].to(gl.int64) * inter + on[:, None], h.to(act_ptr.dtype.element_ty))
+        args = (z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, blk * BM, n0, inter, K, top_k,
+                beta, lin_beta)
+        if BM == 32:
+            if _half_block(sorted_ptr, blk * BM, BM, NW):
+                _l1_rows(*args, 16, BN, BK, NW)
+            else:
+                _l1_rows(*args, 32, BN, BK, NW)
+        else:
+            _l1_rows(*args, BM, BN, BK, NW)
 
 
 @gluon.jit
@@ -147,8 +190,6 @@ def l2_regs_kernel(
 ):
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
-    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
-    act_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
     tiles_n = latent // BN
     pid = gl.program_id(0)
     blk = pid // tiles_n
@@ -157,13 +198,11 @@ def l2_regs_kernel(
     if expert >= 0:
         w_ptrs, s_ptrs = _weight_ptrs(w_ptr, s_ptr, expert, n0, row_words, row_scales, stride_we, stride_se,
                                       BN, BK, NW)
-        am = blk * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, act_l))
-        ak = gl.arange(0, BK, layout=gl.SliceLayout(0, act_l))
-        a_ptrs = act_ptr + am[:, None].to(gl.int64) * K + ak[None, :]
-        a_mask = (am >= 0)[:, None] & (ak >= 0)[None, :]
-        acc, acc2 = _mainloop(w_ptrs, s_ptrs, w_ptrs, s_ptrs, a_ptrs, a_mask, K, False, BM, BN, BK, NW)
-        on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
-        om = blk * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, mma_l))
-        pair = gl.load(sorted_ptr + om)
-        dest = pairs_ptr + pair[None, :].to(gl.int64) * latent + on[:, None]
-        gl.store(dest, acc, mask=(pair >= 0)[None, :] & (on >= 0)[:, None])
+        args = (act_ptr, w_ptrs, s_ptrs, sorted_ptr, pairs_ptr, blk * BM, n0, latent, K)
+        if BM == 32:  # the same test as L1 on the same block: L1 wrote every row this reads
+            if _half_block(sorted_ptr, blk * BM, BM, NW):
+                _l2_rows(*args, 16, BN, BK, NW)
+            else:
+                _l2_rows(*args, 32, BN, BK, NW)
+        else:
+            _l2_rows(*args, BM, BN, BK, NW)
