@@ -8,19 +8,21 @@
 Every size that shapes a grid or buffer is known on the host; nothing reads device data back.
 
 MXFP4 decode on sm_90: the routed tiles of 2 and 3 run on the Gluon register-dequant kernels
-(ops/gluon_kernels) instead; the shared expert's tiles keep the Triton kernels, launched on a side
-stream so that they overlap the routed ones as they do inside one grid.
+(ops/gluon_kernels) instead; the shared expert runs either in the Triton grids alone on a side stream
+(overlapping the routed kernels; few tokens) or as cuBLAS GEMMs (shared_strategy).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, replace
 
 import torch
 import triton
 
 from ..gluon_kernels import launch_routed_l1, launch_routed_l2, regs_path_reason
+from ..math import situ as situ_math
 from .combine import launch_combine
 from .expert_gemm import l1_kernel, l2_kernel
 from .moe_align import group_by_expert
@@ -84,12 +86,44 @@ def resolve_config(
     return cfg
 
 
+SHARED_ENV = "LMF_REGS_SHARED"  # override: side | cublas | cublas_side
+SHARED_STRATEGIES = ("side", "cublas", "cublas_side")
+SHARED_SIDE_MAX_TOKENS = 16
+
+
+def shared_strategy(m_s: int) -> str:
+    """Where the shared expert runs next to the register-dequant routed kernels.
+
+    side:        the Triton shared-only grids on a side stream, overlapping the routed grid;
+    cublas:      BF16 cuBLAS GEMMs before the routed kernels, on the caller's stream;
+    cublas_side: the same GEMMs on the side stream.
+    The routed kernels are issue-bound, so a concurrent shared expert slows them: overlap pays only
+    for a few tokens. H200 producer, M = 1 / 8 / 32 / 128 (us): side 144 / 600 / 902 / 1198,
+    cublas 171 / 607 / 859 / 1034, cublas_side 149 / 589 / 999 / 1223 (producer_notes.md, run 6).
+    """
+    forced = os.environ.get(SHARED_ENV)
+    if forced:
+        if forced not in SHARED_STRATEGIES:
+            raise ValueError(f"{SHARED_ENV}={forced!r}: expected one of {', '.join(SHARED_STRATEGIES)}")
+        return forced
+    return "side" if m_s <= SHARED_SIDE_MAX_TOKENS else "cublas"
+
+
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _shared_by_cublas(shared: SharedExpert, beta: float, lin_beta: float) -> None:
+    """The shared expert as the unfused block computes it: BF16 GEMMs with FP32 accumulation, each
+    product rounded, SiTU in FP32; the down product lands in shared.out (the fragments)."""
+    g = torch.nn.functional.linear(shared.x_s, shared.w1_s)
+    u = torch.nn.functional.linear(shared.x_s, shared.w3_s)
+    act = situ_math(g, u, beta, lin_beta).to(g.dtype)
+    torch.mm(act, shared.w2_s.t(), out=shared.out)
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
     """One side stream per device for the shared expert's launches (fork / join with the caller's
-    stream, so CUDA-graph capture follows it)."""
+    stream, so CUDA-graph capture follows it). A high-priority stream measured the same (run 6)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _SIDE_STREAMS:
         _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
@@ -184,10 +218,15 @@ def run_experts(
     grid1 = (sh_l1 + nb_triton * tiles_r1) * split1
     grid2 = sh_l2 + nb_triton * tiles_r2 * split2
     common = dict(BM=bm, MXFP4=mxfp4, DEQUANT=cfg.dequant, INTERPRET=interp, DOT_PREC=prec)
-    side = _side_stream(dev) if regs and grid1 + grid2 > 0 else None
+    shared_how = shared_strategy(m_s) if regs and grid1 + grid2 > 0 else "grid"
+    if shared_how.startswith("cublas"):
+        grid1 = grid2 = 0
+    side = _side_stream(dev) if shared_how in ("side", "cublas_side") else None
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        if shared_how.startswith("cublas"):
+            _shared_by_cublas(shared, beta, lin_beta)
         if grid1 > 0:
             l1_kernel[(grid1,)](
                 z, w13, w13s, sorted_pairs, block_expert, act, w13_desc,

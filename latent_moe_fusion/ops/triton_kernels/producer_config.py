@@ -132,12 +132,18 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
             # shared expert's programs, and the routed ones wherever the Gluon kernels cannot take a call.
             regs = bm in REGS_BLOCK_M and _is_hopper() and regs_enabled()
             bn_s, bk_s = decode_shared_tiles()
+            if regs:
+                # The Triton grids then hold only the shared expert's programs (when it runs there, see
+                # expert_schedule.shared_strategy). Splitting its K (2, 4, 8 slices) was slower at every
+                # M on the H200 (producer_notes.md, run 6).
+                return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=bm == 16),
+                                      GemmTiles(64, 128, 4, 4, 32, 128 if bm == 16 else 0, tma=bm == 16),
+                                      dequant, True)
             if bm == 16:
                 split = DECODE_SPLIT_K if num_pairs <= SPLIT_K_MAX_PAIRS else (1, 1)
                 return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=sm90, split_k=split[0]),
-                                      GemmTiles(64, 128, 4, 4, 32, 128, tma=sm90, split_k=split[1]), dequant, regs)
-            return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s), GemmTiles(64, 128, 4, 4, 32), dequant,
-                                  regs)
+                                      GemmTiles(64, 128, 4, 4, 32, 128, tma=sm90, split_k=split[1]), dequant)
+            return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s), GemmTiles(64, 128, 4, 4, 32), dequant)
         return ProducerConfig(bm, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), dequant)
     if weight_format == "mxfp4":
         return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(128, 64, 8, 3), dequant)
