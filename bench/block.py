@@ -67,6 +67,9 @@ def main() -> None:
     # Every (variant, size) pair is its own Dynamo compile of one forward: past the default limit of 8,
     # Dynamo silently runs the block eagerly, which would pass eager timings off as compiled ones.
     torch._dynamo.config.recompile_limit = 64
+    # A cached graph skips the pass, and its report then says 0 blocks matched: compile afresh.
+    torch._inductor.config.fx_graph_cache = False
+    torch._functorch.config.enable_autograd_cache = False
     ceilings = measure_ceilings()
     cfg = lmf.KimiK3MoEConfig().replace(shared_intermediate_size=768)
     block = lmf.KimiK3MoEBlock(cfg, weight_format="mxfp4", dtype=torch.bfloat16, device="cuda", seed=0, ep_size=8, ep_rank=0)

@@ -17,6 +17,8 @@ BENCHMARKS = (
     ("producer_shared_tiles.py", (), None),
     ("producer_weight_loads.py", (), None),
     ("producer_split_k.py", (), None),
+    ("routed_regs.py", (), None),
+    ("regs_sass.py", (), None),
     ("block.py", (), None),
     ("deepgemm_routed.py", ("--weight-format", "mxfp4"), "deep_gemm"),
     ("deepgemm_routed.py", ("--weight-format", "bf16"), "deep_gemm"),

@@ -53,13 +53,19 @@ def test_routed_matches_float64_and_triton(sizes, m, routing, monkeypatch, rng_s
 
 
 @pytest.mark.parametrize("m", [1, 8])
-def test_shared_expert_on_the_side_stream_is_unchanged(m, monkeypatch, rng_seed):
-    """The shared tiles run the same Triton kernels on a side stream: fragments bitwise equal to the
-    one-grid path, and the RMS-normalised routed output within bf16 tolerance of it."""
+def test_shared_expert_on_the_side_stream(m, monkeypatch, rng_seed):
+    """Up to 16 tokens the shared tiles run the Triton kernels alone on a side stream: fragments as the
+    unfused block rounds them, bitwise equal to the one-grid path where both use the same shared
+    tiles (M = 8; at M = 1 the one-grid config splits K, which changes the FP32 summation order), and
+    the RMS-normalised routed output within bf16 tolerance of it."""
+    from latent_moe_fusion.ops.math import shared_expert_math
+
     p = make_problem(m, weight_format="mxfp4", device="cuda", **KIMI_RANK)
     y, s_out = _run(p, True, monkeypatch, regs=True)
     y_triton, s_triton = _run(p, True, monkeypatch, regs=False)
-    assert torch.equal(s_out, s_triton)
+    assert rel_l2(s_out, shared_expert_math(p.x_s, p.w1_s, p.w3_s, p.w2_s, BETA, LIN_BETA)) < tolerance(torch.bfloat16)
+    if m == 8:
+        assert torch.equal(s_out, s_triton)
     assert rel_l2(y, y_triton) < tolerance(torch.bfloat16)
 
 

@@ -134,9 +134,10 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
             bn_s, bk_s = decode_shared_tiles()
             if regs:
                 # The Triton grids then hold only the shared expert's programs (when it runs there, see
-                # expert_schedule.shared_strategy). Splitting its K (2, 4, 8 slices) was slower at every
-                # M on the H200 (producer_notes.md, run 6).
-                return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=bm == 16),
+                # expert_schedule.shared_strategy). Its K stays split as before for a single token; more
+                # slices (2, 4, 8 from M = 8 on) were slower on the H200 (producer_notes.md, run 6).
+                split = DECODE_SPLIT_K[0] if num_pairs <= SPLIT_K_MAX_PAIRS else 1
+                return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=bm == 16, split_k=split),
                                       GemmTiles(64, 128, 4, 4, 32, 128 if bm == 16 else 0, tma=bm == 16),
                                       dequant, True)
             if bm == 16:
