@@ -13,7 +13,7 @@ import torch
 
 from ..mxfp4 import BLOCK as MXFP4_BLOCK
 
-ENV_SWITCH = "LMF_MXFP4_REGS"  # read by producer_config.regs_enabled too
+ENV_SWITCH = "LMF_MXFP4_REGS"  # read by producer_config.regs_enabled too (the picked config)
 BLOCK_ROWS = (16, 32)  # rows per expert block the kernels take (the MMA's N)
 STEP_K = 128  # k per mainloop step (routed_gemm.BK)
 ROW_TILES = (64, 128)  # weight rows per program: L1 (4 warps), L2 (8 warps)

@@ -153,6 +153,15 @@ def _half_block(sorted_ptr, row0, BM: gl.constexpr, NW: gl.constexpr):
     return gl.sum(valid.to(gl.int32), axis=0) <= BM // 2
 
 
+@gluon.jit
+def _program_tile(block_expert_ptr, n_total, BN: gl.constexpr):
+    """This program's expert block, its first weight row, and the block's expert (-1: unused block)."""
+    tiles_n = n_total // BN
+    pid = gl.program_id(0)
+    blk = pid // tiles_n
+    return blk, (pid % tiles_n) * BN, gl.load(block_expert_ptr + blk)
+
+
 @gluon.jit(do_not_specialize=["top_k"])
 def l1_regs_kernel(
     z_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, inter, K, row_words, row_scales, top_k,
@@ -161,11 +170,7 @@ def l1_regs_kernel(
 ):
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
-    tiles_n = inter // BN
-    pid = gl.program_id(0)
-    blk = pid // tiles_n
-    n0 = (pid % tiles_n) * BN
-    expert = gl.load(block_expert_ptr + blk)
+    blk, n0, expert = _program_tile(block_expert_ptr, inter, BN)
     if expert >= 0:
         wg_ptrs, sg_ptrs = _weight_ptrs(w_ptr, s_ptr, expert, n0, row_words, row_scales, stride_we, stride_se,
                                         BN, BK, NW)
@@ -190,11 +195,7 @@ def l2_regs_kernel(
 ):
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
-    tiles_n = latent // BN
-    pid = gl.program_id(0)
-    blk = pid // tiles_n
-    n0 = (pid % tiles_n) * BN
-    expert = gl.load(block_expert_ptr + blk)
+    blk, n0, expert = _program_tile(block_expert_ptr, latent, BN)
     if expert >= 0:
         w_ptrs, s_ptrs = _weight_ptrs(w_ptr, s_ptr, expert, n0, row_words, row_scales, stride_we, stride_se,
                                       BN, BK, NW)

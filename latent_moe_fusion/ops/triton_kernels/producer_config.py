@@ -10,6 +10,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ..gluon_kernels import BLOCK_ROWS as REGS_BLOCK_M
+from ..gluon_kernels import ENV_SWITCH as REGS_ENV_SWITCH
 from .weight_tiles import DEQUANT_ASM_PAIRS, DEQUANT_LUT, DEQUANT_TRITON
 
 
@@ -151,11 +153,8 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
     return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(256, 64, 8, 3), dequant)
 
 
-REGS_BLOCK_M = (16, 32)  # block rows the register-dequant kernels take
-
-
 def regs_enabled() -> bool:
-    return os.environ.get("LMF_MXFP4_REGS", "1") != "0"
+    return os.environ.get(REGS_ENV_SWITCH, "1") != "0"
 
 
 def _is_hopper() -> bool:
