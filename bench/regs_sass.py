@@ -25,7 +25,10 @@ from triton.backends.compiler import GPUTarget
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.dequant_sass import main_loop, sass_of  # noqa: E402
+from latent_moe_fusion.ops import gluon_kernels as gk  # noqa: E402
 from latent_moe_fusion.ops.gluon_kernels import routed_gemm as rg  # noqa: E402
+
+BM = gk.BLOCK_ROWS[0]
 
 LATENT, INTER = 3584, 3072
 
@@ -40,11 +43,11 @@ L2_SIG = {"act_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*u8", "sorted_ptr": "*i
 def compile_sm90(which: str) -> triton.compiler.CompiledKernel:
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn, sig, warps = (rg.l1_regs_kernel, L1_SIG, rg.L1_WARPS) if which == "l1" else (rg.l2_regs_kernel, L2_SIG, rg.L2_WARPS)
+    fn, sig, warps = (rg.l1_regs_kernel, L1_SIG, gk.L1_WARPS) if which == "l1" else (rg.l2_regs_kernel, L2_SIG, gk.L2_WARPS)
     # Integer arguments the launcher passes are multiples of 16 at these sizes (what the JIT specialises on).
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items()) if t != "fp32" and n != "top_k"}
     sig = dict(sig, BM="constexpr", BK="constexpr", num_warps="constexpr")
-    src = GluonASTSource(fn=fn, signature=sig, constexprs={"BM": rg.BM, "BK": rg.BK, "num_warps": warps}, attrs=attrs)
+    src = GluonASTSource(fn=fn, signature=sig, constexprs={"BM": BM, "BK": gk.STEP_K, "num_warps": warps}, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 
@@ -62,8 +65,8 @@ def loop_stats(which: str) -> dict:
     kernel = compile_sm90(which)
     ops = main_loop(sass_of(kernel.asm["cubin"]))
     hist = collections.Counter(op.split(".")[0] for op in ops)
-    warps = rg.L1_WARPS if which == "l1" else rg.L2_WARPS
-    per_step = (2 if which == "l1" else 1) * 16 * warps * rg.BK  # weight elements per step (L1: gate + up)
+    warps = gk.L1_WARPS if which == "l1" else gk.L2_WARPS
+    per_step = (2 if which == "l1" else 1) * 16 * warps * gk.STEP_K  # weight elements per step (L1: gate + up)
     return {"kernel": f"{which}_regs_kernel", "warps": warps, "rows": 16 * warps, "registers": registers(kernel.asm["cubin"]),
             "loop_instr": len(ops), "per_element": round(len(ops) * warps * 32 / per_step, 2),
             "HGMMA": hist["HGMMA"], "STS": hist["STS"], "LDS": hist["LDS"],
@@ -79,7 +82,7 @@ def main() -> None:
     for r in rows:
         print(r, flush=True)
     lines = [f"# Gluon register-dequant kernels: static SASS of the main loop (sm_90, triton {triton.__version__})", "",
-             f"L = {LATENT}, I = {INTER}, 16-row blocks, k step {rg.BK}; compiled on a CPU machine, not timed. "
+             f"L = {LATENT}, I = {INTER}, {BM}-row blocks, k step {gk.STEP_K}; compiled on a CPU machine, not timed. "
              "Triton's lut + tma loop for comparison: 4.97 (L1) and 6.98 (L2) instructions per weight element, "
              "plus a shared-memory round trip of every dequantised tile (dequant_sass.md).", "",
              "| kernel | warps | weight rows | registers | loop instructions / thread | instructions / weight element "

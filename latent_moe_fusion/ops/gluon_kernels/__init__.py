@@ -15,8 +15,10 @@ from ..mxfp4 import BLOCK as MXFP4_BLOCK
 
 ENV_SWITCH = "LMF_MXFP4_REGS"  # read by producer_config.regs_enabled too (the picked config)
 BLOCK_ROWS = (16, 32)  # rows per expert block the kernels take (the MMA's N)
-STEP_K = 128  # k per mainloop step (routed_gemm.BK)
-ROW_TILES = (64, 128)  # weight rows per program: L1 (4 warps), L2 (8 warps)
+STEP_K = 128  # k per mainloop step: one 32-block per thread
+# H200: 4 warps beat 8 for L1 (2 accumulators), 8 beat 4 for L2 (bench/results/producer_notes.md, run 6)
+L1_WARPS, L2_WARPS = 4, 8
+ROW_TILES = (16 * L1_WARPS, 16 * L2_WARPS)  # weight rows per program (16 per warp)
 
 
 def _gluon_importable() -> bool:
@@ -63,7 +65,7 @@ def launch_routed_l1(
     lin_beta: float,
 ) -> None:
     """act[block rows, :I] = bf16(SiTU(gate, up)) for every routed block (rows of unused blocks untouched)."""
-    from .routed_gemm import BK, L1_WARPS, l1_regs_kernel
+    from .routed_gemm import l1_regs_kernel
 
     latent = z.shape[1]
     inter = w13.shape[1] // 2
@@ -72,7 +74,7 @@ def launch_routed_l1(
     l1_regs_kernel[grid](
         z, words, w13_scale, sorted_pairs, block_expert, act, inter, latent, latent // 8, latent // MXFP4_BLOCK,
         top_k, words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta),
-        BM=block_m, BK=BK, num_warps=L1_WARPS,
+        BM=block_m, BK=STEP_K, num_warps=L1_WARPS,
     )
 
 
@@ -81,7 +83,7 @@ def launch_routed_l2(
     block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int, block_m: int,
 ) -> None:
     """pairs[pair, :] = act[row] @ W2[e]^T in FP32 for every valid (token, slot) row."""
-    from .routed_gemm import BK, L2_WARPS, l2_regs_kernel
+    from .routed_gemm import l2_regs_kernel
 
     latent = w2.shape[1]
     inter = act.shape[1]
@@ -89,5 +91,5 @@ def launch_routed_l2(
     grid = (num_blocks * (latent // (16 * L2_WARPS)),)
     l2_regs_kernel[grid](
         act, words, w2_scale, sorted_pairs, block_expert, pairs, latent, inter, inter // 8, inter // MXFP4_BLOCK,
-        words.stride(0), w2_scale.stride(0), BM=block_m, BK=BK, num_warps=L2_WARPS,
+        words.stride(0), w2_scale.stride(0), BM=block_m, BK=STEP_K, num_warps=L2_WARPS,
     )

@@ -21,10 +21,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from .lut_dequant import dequant_kappa, to_kappa
 
-BM = 16  # rows per block (the grouping granularity of the decode configs; 32 works too, as the MMA's N)
-BK = 128  # k per step: one 32-block per thread
-L1_WARPS = 4  # H200: 4 warps beat 8 for L1 (2 accumulators), 8 beat 4 for L2 (bench/results/producer_notes.md, run 6)
-L2_WARPS = 8
+# Launch settings (k step, warps per kernel, block rows) live in __init__.py.
 
 
 @gluon.jit
