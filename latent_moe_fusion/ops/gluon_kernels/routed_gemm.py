@@ -19,6 +19,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
+from ..triton_kernels.numerics import situ
 from .lut_dequant import dequant_kappa, to_kappa
 
 # Launch settings (k step, warps per kernel, block rows) live in __init__.py.
@@ -95,14 +96,6 @@ def _mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, K, DUAL: gl.cons
 
 
 @gluon.jit
-def _tanh(x):
-    # as numerics._tanh: stable for large |x|
-    t = gl.exp(-2.0 * gl.abs(x))
-    r = (1.0 - t) / (1.0 + t)
-    return gl.where(x >= 0, r, -r)
-
-
-@gluon.jit
 def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, row0, n0, inter, K, top_k, beta, lin_beta,
              ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
     """act[row0 .. row0 + ROWS, n0 .. n0 + BN] = bf16(SiTU(gate, up)) of the rows' tokens."""
@@ -115,8 +108,8 @@ def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, row
     a_ptrs = z_ptr + tok[:, None].to(gl.int64) * K + ak[None, :]
     a_mask = (pair >= 0)[:, None] & (ak >= 0)[None, :]
     g, u = _mainloop(wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, a_ptrs, a_mask, K, True, ROWS, BN, BK, NW)
-    # SiTU in the order of numerics.situ
-    h = (beta * _tanh(g / beta) * (1.0 / (1.0 + gl.exp(-g)))) * (lin_beta * _tanh(u / lin_beta))
+    # numerics.situ itself (a @triton.jit function inlined by Gluon: the same SASS as a hand copy)
+    h = situ(g, u, beta, lin_beta)
     on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
     om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma_l))
     gl.store(act_ptr + om[None, :].to(gl.int64) * inter + on[:, None], h.to(act_ptr.dtype.element_ty))
