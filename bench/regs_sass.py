@@ -33,21 +33,22 @@ BM = gk.BLOCK_ROWS[0]
 LATENT, INTER = 3584, 3072
 
 L1_SIG = {"z_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*u8", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
-          "act_ptr": "*bf16", "inter": "i32", "K": "i32", "row_words": "i32", "row_scales": "i32", "top_k": "i32",
+          "act_ptr": "*bf16", "h_part_ptr": "*fp32", "n_rows": "i32", "inter": "i32", "K": "i32", "row_words": "i32", "row_scales": "i32", "top_k": "i32",
           "stride_we": "i32", "stride_se": "i32", "beta": "fp32", "lin_beta": "fp32"}
 L2_SIG = {"act_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*u8", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
-          "pairs_ptr": "*fp32", "latent": "i32", "K": "i32", "row_words": "i32", "row_scales": "i32",
+          "pairs_ptr": "*fp32", "slice_stride": "i32", "latent": "i32", "K": "i32", "row_words": "i32", "row_scales": "i32",
           "stride_we": "i32", "stride_se": "i32"}
 
 
-def compile_sm90(which: str) -> triton.compiler.CompiledKernel:
+def compile_sm90(which: str, split: int = 1) -> triton.compiler.CompiledKernel:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn, sig, warps = (rg.l1_regs_kernel, L1_SIG, gk.L1_WARPS) if which == "l1" else (rg.l2_regs_kernel, L2_SIG, gk.L2_WARPS)
     # Integer arguments the launcher passes are multiples of 16 at these sizes (what the JIT specialises on).
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items()) if t != "fp32" and n != "top_k"}
-    sig = dict(sig, BM="constexpr", BK="constexpr", num_warps="constexpr")
-    src = GluonASTSource(fn=fn, signature=sig, constexprs={"BM": BM, "BK": gk.STEP_K, "num_warps": warps}, attrs=attrs)
+    sig = dict(sig, BM="constexpr", BK="constexpr", SPLIT="constexpr", num_warps="constexpr")
+    constexprs = {"BM": BM, "BK": gk.STEP_K, "SPLIT": split, "num_warps": warps}
+    src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 
@@ -61,13 +62,13 @@ def registers(cubin: bytes) -> int:
     return int(re.search(r"REG:(\d+)", usage).group(1))
 
 
-def loop_stats(which: str) -> dict:
-    kernel = compile_sm90(which)
+def loop_stats(which: str, split: int = 1) -> dict:
+    kernel = compile_sm90(which, split)
     ops = main_loop(sass_of(kernel.asm["cubin"]))
     hist = collections.Counter(op.split(".")[0] for op in ops)
     warps = gk.L1_WARPS if which == "l1" else gk.L2_WARPS
     per_step = (2 if which == "l1" else 1) * 16 * warps * gk.STEP_K  # weight elements per step (L1: gate + up)
-    return {"kernel": f"{which}_regs_kernel", "warps": warps, "rows": 16 * warps, "registers": registers(kernel.asm["cubin"]),
+    return {"kernel": f"{which}_regs_kernel", "k_slices": split, "warps": warps, "rows": 16 * warps, "registers": registers(kernel.asm["cubin"]),
             "loop_instr": len(ops), "per_element": round(len(ops) * warps * 32 / per_step, 2),
             "HGMMA": hist["HGMMA"], "STS": hist["STS"], "LDS": hist["LDS"],
             "LDG_128": sum(op.startswith("LDG.E.128") for op in ops), "LDG": hist["LDG"], "HMUL2": hist["HMUL2"],
@@ -78,17 +79,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
-    rows = [loop_stats(w) for w in ("l1", "l2")]
+    rows = [loop_stats(w, split) for split in (1, 2) for w in ("l1", "l2")]
     for r in rows:
         print(r, flush=True)
     lines = [f"# Gluon register-dequant kernels: static SASS of the main loop (sm_90, triton {triton.__version__})", "",
              f"L = {LATENT}, I = {INTER}, {BM}-row blocks, k step {gk.STEP_K}; compiled on a CPU machine, not timed. "
              "Triton's lut + tma loop for comparison: 4.97 (L1) and 6.98 (L2) instructions per weight element, "
              "plus a shared-memory round trip of every dequantised tile (dequant_sass.md).", "",
-             "| kernel | warps | weight rows | registers | loop instructions / thread | instructions / weight element "
+             "| kernel | K slices | warps | weight rows | registers | loop instructions / thread | instructions / weight element "
              "| HGMMA | STS | LDS | LDG (16-byte) | HMUL2 | most frequent opcodes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['kernel']} | {r['warps']} | {r['rows']} | {r['registers']} | {r['loop_instr']} | {r['per_element']} | "
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['kernel']} | {r['k_slices']} | {r['warps']} | {r['rows']} | {r['registers']} | {r['loop_instr']} | {r['per_element']} | "
               f"{r['HGMMA']} | {r['STS']} | {r['LDS']} | {r['LDG']} ({r['LDG_128']}) | {r['HMUL2']} | {r['top']} |" for r in rows]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

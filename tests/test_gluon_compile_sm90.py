@@ -21,14 +21,18 @@ def test_register_dequant_kernels_compile_for_sm90_with_register_operands(tmp_pa
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "regs_sass.py"), "--out", str(tmp_path)],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = {r["kernel"]: r for r in json.loads((tmp_path / "regs_sass.json").read_text())}
-    l1, l2 = rows["l1_regs_kernel"], rows["l2_regs_kernel"]
-    # per 128-k step: 8 wgmma (k 16 each) per weight tile; L1 has a gate and an up tile
-    assert (l1["HGMMA"], l2["HGMMA"]) == (16, 8), rows
-    for r in (l1, l2):
-        assert r["LDS"] == 0, f"{r['kernel']}: shared-memory loads in the loop (weight staged?): {r['top']}"
+    rows = json.loads((tmp_path / "regs_sass.json").read_text())
+    # both kernels, whole K and cut into 2 slices (the single-token split)
+    assert sorted((r["kernel"], r["k_slices"]) for r in rows) == [
+        ("l1_regs_kernel", 1), ("l1_regs_kernel", 2), ("l2_regs_kernel", 1), ("l2_regs_kernel", 2)], rows
+    for r in rows:
+        l1 = r["kernel"] == "l1_regs_kernel"
+        name = f"{r['kernel']} ({r['k_slices']} K slices)"
+        # per 128-k step: 8 wgmma (k 16 each) per weight tile; L1 has a gate and an up tile
+        assert r["HGMMA"] == (16 if l1 else 8), r
+        assert r["LDS"] == 0, f"{name}: shared-memory loads in the loop (weight staged?): {r['top']}"
         act_stores = 16 * 128 * 2 // (r["warps"] * 32) // 4  # activation tile in 4-byte stores at most
-        assert 0 < r["STS"] <= act_stores, f"{r['kernel']}: {r['STS']} shared stores per step: {r['top']}"
-        tiles = 2 if r is l1 else 1
-        assert r["LDG_128"] >= tiles * 2, f"{r['kernel']}: weight words not in 16-byte loads: {r}"
-    assert l1["registers"] <= 128, f"L1 needs {l1['registers']} registers: fewer than 4 CTAs per SM"
+        assert 0 < r["STS"] <= act_stores, f"{name}: {r['STS']} shared stores per step: {r['top']}"
+        assert r["LDG_128"] >= (2 if l1 else 1) * 2, f"{name}: weight words not in 16-byte loads: {r}"
+        if l1:
+            assert r["registers"] <= 128, f"{name} needs {r['registers']} registers: fewer than 4 CTAs per SM"

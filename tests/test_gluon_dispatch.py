@@ -52,3 +52,42 @@ def test_shared_expert_by_library_gemms_matches_the_reference():
     _shared_by_cublas(SharedExpert(p.x_s, p.w1_s, p.w3_s, p.w2_s, out), BETA, LIN_BETA)
     ref = shared_expert_math(p.x_s, p.w1_s, p.w3_s, p.w2_s, BETA, LIN_BETA)
     assert rel_l2(out, ref) < tolerance(torch.bfloat16)
+
+
+def test_k_slices_must_be_whole_steps():
+    from latent_moe_fusion.ops.gluon_kernels import STEP_K, split_reason
+
+    assert split_reason((2, 2), 3584, 3072) is None
+    assert split_reason((7, 3), 3584, 3072) is None  # 28 and 24 steps of 128
+    assert f"L1 K = 3584 does not cut into 3 slices of whole {STEP_K}" in split_reason((3, 1), 3584, 3072)
+    assert "L2 K = 3072 does not cut into 5 slices" in split_reason((1, 5), 3584, 3072)
+
+
+def test_merged_gate_up_views_are_found_adjacent():
+    from latent_moe_fusion.ops.triton_kernels.shared_by_library import merged_rows
+
+    w13 = torch.randn(2 * 48, 64, dtype=torch.bfloat16)
+    g, u = w13[:48], w13[48:]
+    assert torch.equal(merged_rows(g, u), w13)
+    assert merged_rows(u, g) is None  # up before gate: not the [gate; up] order
+    assert merged_rows(w13[:40], w13[48:88]) is None  # a gap between the blocks
+    assert merged_rows(g.clone(), u.clone()) is None  # two storages
+    assert merged_rows(w13[:, :32], w13[:, 32:]) is None  # column blocks
+    assert merged_rows(g, u.float()) is None
+
+
+@pytest.mark.parametrize("merged", [True, False])
+def test_shared_expert_by_library_with_merged_or_separate_gate_up(merged):
+    from latent_moe_fusion.ops.math import shared_expert_math
+    from latent_moe_fusion.ops.triton_kernels.shared_by_library import shared_by_library
+    from tests.expert_problems import BETA, LIN_BETA, make_problem, rel_l2, tolerance
+
+    p = make_problem(6, latent=64, inter=64, num_experts=2, top_k=2, hidden=256, inter_s=96)
+    w1_s, w3_s = p.w1_s, p.w3_s
+    if merged:
+        w13 = torch.cat([w1_s, w3_s])
+        w1_s, w3_s = w13[:96], w13[96:]
+    out = torch.full_like(p.x_s, float("nan"))
+    shared_by_library(p.x_s, w1_s, w3_s, p.w2_s, out, BETA, LIN_BETA)
+    ref = shared_expert_math(p.x_s, p.w1_s, p.w3_s, p.w2_s, BETA, LIN_BETA)
+    assert rel_l2(out, ref) < tolerance(torch.bfloat16)

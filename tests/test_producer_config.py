@@ -92,3 +92,31 @@ def test_a_given_regs_config_that_cannot_run_says_why():
     cfg = replace(producer_config.pick_config(4, "mxfp4", torch.bfloat16, 4), routed_regs=True)
     with pytest.raises(ValueError, match="routed_regs.*(sm_90|TRITON_INTERPRET)"):
         expert_schedule.run_experts(*p.routed_args(), config=cfg)
+
+
+def test_regs_k_slices_for_a_single_token_only(hopper, monkeypatch):
+    monkeypatch.delenv(producer_config.REGS_SPLIT_ENV, raising=False)
+
+    def split(pairs):
+        return producer_config.pick_config(pairs, "mxfp4", torch.bfloat16, LOCAL_EXPERTS).regs_split
+
+    assert split(16) == producer_config.REGS_DECODE_SPLIT
+    assert split(2 * 16) == (1, 1) and split(128 * 16) == (1, 1)
+    monkeypatch.setenv(producer_config.REGS_SPLIT_ENV, "4,2")
+    assert split(16) == (4, 2) and split(2 * 16) == (1, 1)
+
+
+@pytest.mark.parametrize("forced,match", [("4", "two slice counts"), ("a,b", "two slice counts"),
+                                          ("0,2", ">= 1")])
+def test_regs_split_override_rejects_bad_values(hopper, monkeypatch, forced, match):
+    monkeypatch.setenv(producer_config.REGS_SPLIT_ENV, forced)
+    with pytest.raises(ValueError, match=f"LMF_REGS_SPLIT.*{match}"):
+        producer_config.pick_config(16, "mxfp4", torch.bfloat16, LOCAL_EXPERTS)
+
+
+def test_regs_split_must_be_two_positive_counts():
+    base = producer_config.pick_config(16, "mxfp4", torch.bfloat16, LOCAL_EXPERTS)
+    with pytest.raises(ValueError, match="regs_split must be two slice counts"):
+        producer_config.ProducerConfig(base.bm, base.l1, base.l2, regs_split=(0, 2))
+    with pytest.raises(ValueError, match="regs_split must be two slice counts"):
+        producer_config.ProducerConfig(base.bm, base.l1, base.l2, regs_split=(2,))

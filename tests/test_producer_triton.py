@@ -151,3 +151,37 @@ def test_split_k_matches_reference_and_is_deterministic(weight_format, shared, r
 def test_split_k_must_be_positive():
     with pytest.raises(ValueError, match="split_k must be >= 1"):
         GemmTiles(64, 64, 4, 1, split_k=0)
+
+
+@pytest.mark.parametrize("weight_format", ["bf16", "mxfp4"])
+def test_shared_expert_by_library_before_the_routed_grid(weight_format, monkeypatch, rng_seed):
+    """LMF_GRID_SHARED=cublas: the routed grid runs alone and the shared expert as library GEMMs; the
+    fragments and the normalised routed output match the reference and the one-grid path."""
+    from latent_moe_fusion.ops.triton_kernels.expert_schedule import GRID_SHARED_ENV
+
+    p = make_problem(9, weight_format=weight_format, routing="few_experts", device=DEVICE, **SIZES)
+
+    def run():
+        y = torch.full_like(p.z, float("nan"))
+        s_out = torch.full_like(p.x_s, float("nan"))
+        run_experts(*p.routed_args(), rms_weight=p.rms_weight, eps=1e-5, out=y,
+                    shared=SharedExpert(p.x_s, p.w1_s, p.w3_s, p.w2_s, s_out))
+        return y, s_out
+
+    monkeypatch.setenv(GRID_SHARED_ENV, "cublas")
+    y, s_out = run()
+    monkeypatch.setenv(GRID_SHARED_ENV, "grid")
+    y_grid, s_grid = run()
+    ref_y, ref_s = p.reference_producer()
+    assert rel_l2(s_out, ref_s) < tolerance(torch.bfloat16) and rel_l2(y, ref_y) < tolerance(torch.bfloat16)
+    assert torch.equal(y, y_grid)  # the routed rows do not depend on where the shared expert ran
+    assert rel_l2(s_out, s_grid) < tolerance(torch.bfloat16)
+
+
+def test_grid_shared_override_rejects_unknown_values(monkeypatch):
+    from latent_moe_fusion.ops.triton_kernels.expert_schedule import GRID_SHARED_ENV, grid_shared_strategy
+
+    assert grid_shared_strategy(4096) == "grid"
+    monkeypatch.setenv(GRID_SHARED_ENV, "side")
+    with pytest.raises(ValueError, match="LMF_GRID_SHARED='side': expected one of grid, cublas"):
+        grid_shared_strategy(1)

@@ -52,3 +52,25 @@ def test_cpu_tensors_outside_the_interpreter_fall_back_to_torch(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     h = (torch.randn(4, 2 * 16) * 3).to(torch.bfloat16)
     assert _rel(situ_rows(h, BETA, LIN_BETA), _expected(h)) < 4e-3
+
+
+def test_pair_of_separate_operands_and_of_two_halves():
+    from latent_moe_fusion.ops.triton_kernels.situ_rows import situ_pair
+
+    g = (torch.randn(7, 40, device=DEVICE) * 3).to(torch.bfloat16)
+    u = (torch.randn(7, 40, device=DEVICE) * 3).to(torch.bfloat16)
+    expected = situ(g, u, BETA, LIN_BETA).to(torch.bfloat16)
+    assert _rel(situ_pair(g, u, BETA, LIN_BETA), expected) < 4e-3
+    h = torch.cat([g, u], dim=1)  # the halves of one [rows, 2I] GEMM output: row stride 2I
+    out = situ_pair(h[:, :40], h[:, 40:], BETA, LIN_BETA)
+    assert out.is_contiguous() and _rel(out, expected) < 4e-3
+
+
+def test_pair_rejects_mismatched_operands():
+    from latent_moe_fusion.ops.triton_kernels.situ_rows import situ_pair
+
+    g = torch.randn(4, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="one shape and one stride"):
+        situ_pair(g, torch.randn(4, 16, dtype=torch.bfloat16)[:, :8], BETA, LIN_BETA)
+    with pytest.raises(ValueError, match="bfloat16"):
+        situ_pair(g.float(), g.float(), BETA, LIN_BETA)

@@ -59,37 +59,55 @@ def regs_path_reason(
     return None
 
 
+def split_reason(split: tuple[int, int], latent: int, inter: int) -> str | None:
+    """Why the kernels cannot cut K (L1: L, L2: I) into these (L1, L2) slices (None if they can)."""
+    for name, n, k in (("L1", split[0], latent), ("L2", split[1], inter)):
+        if n < 1 or k % (n * STEP_K):
+            return f"{name} K = {k} does not cut into {n} slices of whole {STEP_K}-wide steps"
+    return None
+
+
 def launch_routed_l1(
     z: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, sorted_pairs: torch.Tensor,
     block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, block_m: int, top_k: int, beta: float,
-    lin_beta: float,
+    lin_beta: float, split: int = 1,
 ) -> None:
-    """act[block rows, :I] = bf16(SiTU(gate, up)) for every routed block (rows of unused blocks untouched)."""
+    """act[block rows, :I] = bf16(SiTU(gate, up)) for every routed block (rows of unused blocks untouched).
+    split > 1: K in that many slices of FP32 partial sums, then the ordered-sum + SiTU finish."""
+    from ..triton_kernels.split_k import launch_l1_finish
     from .routed_gemm import l1_regs_kernel
 
     latent = z.shape[1]
     inter = w13.shape[1] // 2
     words = w13.view(torch.int32)
-    grid = (num_blocks * (inter // (16 * L1_WARPS)),)
+    n_rows = num_blocks * block_m
+    h_part = act if split == 1 else torch.empty(split, n_rows, 2 * inter, dtype=torch.float32, device=z.device)
+    grid = (num_blocks * (inter // (16 * L1_WARPS)), split)
     l1_regs_kernel[grid](
-        z, words, w13_scale, sorted_pairs, block_expert, act, inter, latent, latent // 8, latent // MXFP4_BLOCK,
-        top_k, words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta),
-        BM=block_m, BK=STEP_K, num_warps=L1_WARPS,
+        z, words, w13_scale, sorted_pairs, block_expert, act, h_part, n_rows, inter, latent, latent // 8,
+        latent // MXFP4_BLOCK, top_k, words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta),
+        BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L1_WARPS,
     )
+    if split > 1:
+        launch_l1_finish(h_part, block_expert, act, n_rows, inter, h_part, act, 0, inter, beta, lin_beta, block_m,
+                         split, False)
 
 
 def launch_routed_l2(
     act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, sorted_pairs: torch.Tensor,
     block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int, block_m: int,
 ) -> None:
-    """pairs[pair, :] = act[row] @ W2[e]^T in FP32 for every valid (token, slot) row."""
+    """pairs[pair, :] = act[row] @ W2[e]^T in FP32 for every valid (token, slot) row; pairs [SPLIT, P, L]
+    holds one K slice's sums per leading index (the combine adds them in order)."""
     from .routed_gemm import l2_regs_kernel
 
     latent = w2.shape[1]
     inter = act.shape[1]
     words = w2.view(torch.int32)
-    grid = (num_blocks * (latent // (16 * L2_WARPS)),)
+    split = pairs.shape[0] if pairs.dim() == 3 else 1
+    grid = (num_blocks * (latent // (16 * L2_WARPS)), split)
     l2_regs_kernel[grid](
-        act, words, w2_scale, sorted_pairs, block_expert, pairs, latent, inter, inter // 8, inter // MXFP4_BLOCK,
-        words.stride(0), w2_scale.stride(0), BM=block_m, BK=STEP_K, num_warps=L2_WARPS,
+        act, words, w2_scale, sorted_pairs, block_expert, pairs, pairs.stride(0) if split > 1 else 0, latent, inter,
+        inter // 8, inter // MXFP4_BLOCK, words.stride(0), w2_scale.stride(0),
+        BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L2_WARPS,
     )

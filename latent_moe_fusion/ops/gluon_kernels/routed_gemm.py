@@ -11,6 +11,11 @@ permuted order). The next step's weights are loaded before the current one is ex
 
 L1 (gate and up, two accumulators, SiTU of the FP32 sums, act rounded once) and L2 (down, FP32 pair
 rows for the combine) as in the Triton kernels; shared-expert tiles are not handled here.
+
+SPLIT > 1 cuts K into SPLIT slices (grid axis 1) for a single decode token, whose ~2 local experts
+give too few programs to keep enough loads in flight: L1 then writes FP32 gate and up slice sums
+(triton_kernels/split_k.py adds them in slice order and applies SiTU), L2 writes FP32 slice rows
+that the combine adds in slice order. Both are bitwise the same on every run.
 """
 
 from __future__ import annotations
@@ -62,25 +67,25 @@ def _step(wd, sc, wd2, sc2, act, buf, acc, acc2, DUAL: gl.constexpr, BM: gl.cons
 
 
 @gluon.jit
-def _mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, K, DUAL: gl.constexpr,
+def _mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, DUAL: gl.constexpr,
               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
-    """acc (and acc2 if DUAL) [BN, BM] in FP32 over K; the next step's loads are issued first."""
+    """acc (and acc2 if DUAL) [BN, BM] in FP32 over k_begin .. k_end; the next step's loads are issued first."""
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
     b_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     b_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BM, BK], b_sl)
     acc = gl.zeros([BN, BM], gl.float32, layout=mma_l)
     acc2 = gl.zeros([BN, BM], gl.float32, layout=mma_l)
-    wd = gl.load(w_ptrs)
-    sc = gl.load(s_ptrs)
+    wd = gl.load(w_ptrs + k_begin // 8)
+    sc = gl.load(s_ptrs + k_begin // 32)
     wd2 = wd
     sc2 = sc
     if DUAL:
-        wd2 = gl.load(w2_ptrs)
-        sc2 = gl.load(s2_ptrs)
-    act = gl.load(a_ptrs, mask=a_mask, other=0.0)
+        wd2 = gl.load(w2_ptrs + k_begin // 8)
+        sc2 = gl.load(s2_ptrs + k_begin // 32)
+    act = gl.load(a_ptrs + k_begin, mask=a_mask, other=0.0)
     i = 0
-    for k0 in range(0, K, BK):
-        k_nx = gl.multiple_of(gl.minimum(k0 + BK, K - BK), BK)  # the last step reloads itself
+    for k0 in range(k_begin, k_end, BK):
+        k_nx = gl.multiple_of(gl.minimum(k0 + BK, k_end - BK), BK)  # the last step reloads itself
         wd_nx = gl.load(w_ptrs + k_nx // 8)
         sc_nx = gl.load(s_ptrs + k_nx // 32)
         wd2_nx = wd_nx
@@ -96,9 +101,24 @@ def _mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, K, DUAL: gl.cons
 
 
 @gluon.jit
-def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, row0, n0, inter, K, top_k, beta, lin_beta,
-             ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
-    """act[row0 .. row0 + ROWS, n0 .. n0 + BN] = bf16(SiTU(gate, up)) of the rows' tokens."""
+def _k_slice(K, SPLIT: gl.constexpr, BK: gl.constexpr):
+    """This program's K range: all of K, or slice program_id(1) of SPLIT (K a multiple of SPLIT * BK)."""
+    if SPLIT == 1:
+        k_begin = 0
+        k_end = K
+    else:
+        k_len = K // SPLIT
+        k_begin = gl.multiple_of(gl.program_id(1) * k_len, BK)
+        k_end = k_begin + k_len
+    return k_begin, k_end
+
+
+@gluon.jit
+def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, h_part_ptr, n_rows, row0, n0, inter, K,
+             top_k, beta, lin_beta, ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr,
+             SPLIT: gl.constexpr):
+    """act[row0 .. row0 + ROWS, n0 .. n0 + BN] = bf16(SiTU(gate, up)) of the rows' tokens; with SPLIT > 1
+    this K slice's FP32 gate and up sums into h_part[slice, rows, n (gate) | inter + n (up)] instead."""
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, ROWS, 16])
     act_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
     pos = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, act_l))
@@ -107,25 +127,36 @@ def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, row
     ak = gl.arange(0, BK, layout=gl.SliceLayout(0, act_l))
     a_ptrs = z_ptr + tok[:, None].to(gl.int64) * K + ak[None, :]
     a_mask = (pair >= 0)[:, None] & (ak >= 0)[None, :]
-    g, u = _mainloop(wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, a_ptrs, a_mask, K, True, ROWS, BN, BK, NW)
-    # numerics.situ itself (a @triton.jit function inlined by Gluon: the same SASS as a hand copy)
-    h = situ(g, u, beta, lin_beta)
+    k_begin, k_end = _k_slice(K, SPLIT, BK)
+    g, u = _mainloop(wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, a_ptrs, a_mask, k_begin, k_end, True, ROWS, BN, BK, NW)
     on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
     om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma_l))
-    gl.store(act_ptr + om[None, :].to(gl.int64) * inter + on[:, None], h.to(act_ptr.dtype.element_ty))
+    if SPLIT == 1:
+        # numerics.situ itself (a @triton.jit function inlined by Gluon: the same SASS as a hand copy)
+        h = situ(g, u, beta, lin_beta)
+        gl.store(act_ptr + om[None, :].to(gl.int64) * inter + on[:, None], h.to(act_ptr.dtype.element_ty))
+    else:
+        part_row = gl.program_id(1) * n_rows + om
+        dest = h_part_ptr + part_row[None, :].to(gl.int64) * (2 * inter) + on[:, None]
+        gl.store(dest, g)
+        gl.store(dest + inter, u)
 
 
 @gluon.jit
-def _l2_rows(act_ptr, w_ptrs, s_ptrs, sorted_ptr, pairs_ptr, row0, n0, latent, K,
-             ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
-    """pairs[pair of row, n0 .. n0 + BN] = act[row] @ W2^T for the valid rows of row0 .. row0 + ROWS."""
+def _l2_rows(act_ptr, w_ptrs, s_ptrs, sorted_ptr, pairs_ptr, slice_stride, row0, n0, latent, K,
+             ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr, SPLIT: gl.constexpr):
+    """pairs[pair of row, n0 .. n0 + BN] = act[row] @ W2^T for the valid rows of row0 .. row0 + ROWS
+    (with SPLIT > 1: this K slice's sum, at pairs + slice * slice_stride)."""
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, ROWS, 16])
     act_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
     am = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, act_l))
     ak = gl.arange(0, BK, layout=gl.SliceLayout(0, act_l))
     a_ptrs = act_ptr + am[:, None].to(gl.int64) * K + ak[None, :]
     a_mask = (am >= 0)[:, None] & (ak >= 0)[None, :]
-    acc, acc2 = _mainloop(w_ptrs, s_ptrs, w_ptrs, s_ptrs, a_ptrs, a_mask, K, False, ROWS, BN, BK, NW)
+    k_begin, k_end = _k_slice(K, SPLIT, BK)
+    acc, acc2 = _mainloop(w_ptrs, s_ptrs, w_ptrs, s_ptrs, a_ptrs, a_mask, k_begin, k_end, False, ROWS, BN, BK, NW)
+    if SPLIT > 1:
+        pairs_ptr += gl.program_id(1).to(gl.int64) * slice_stride
     on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
     om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma_l))
     pair = gl.load(sorted_ptr + om)
@@ -154,9 +185,9 @@ def _program_tile(block_expert_ptr, n_total, BN: gl.constexpr):
 
 @gluon.jit(do_not_specialize=["top_k"])
 def l1_regs_kernel(
-    z_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, inter, K, row_words, row_scales, top_k,
-    stride_we, stride_se, beta, lin_beta,
-    BM: gl.constexpr, BK: gl.constexpr, num_warps: gl.constexpr,
+    z_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, h_part_ptr, n_rows, inter, K, row_words, row_scales,
+    top_k, stride_we, stride_se, beta, lin_beta,
+    BM: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr,
 ):
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
@@ -166,22 +197,22 @@ def l1_regs_kernel(
                                         BN, BK, NW)
         wu_ptrs, su_ptrs = _weight_ptrs(w_ptr, s_ptr, expert, inter + n0, row_words, row_scales, stride_we,
                                         stride_se, BN, BK, NW)
-        args = (z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, blk * BM, n0, inter, K, top_k,
-                beta, lin_beta)
+        args = (z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, h_part_ptr, n_rows, blk * BM, n0,
+                inter, K, top_k, beta, lin_beta)
         if BM == 32:
             if _half_block(sorted_ptr, blk * BM, BM, NW):
-                _l1_rows(*args, 16, BN, BK, NW)
+                _l1_rows(*args, 16, BN, BK, NW, SPLIT)
             else:
-                _l1_rows(*args, 32, BN, BK, NW)
+                _l1_rows(*args, 32, BN, BK, NW, SPLIT)
         else:
-            _l1_rows(*args, BM, BN, BK, NW)
+            _l1_rows(*args, BM, BN, BK, NW, SPLIT)
 
 
 @gluon.jit
 def l2_regs_kernel(
-    act_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, latent, K, row_words, row_scales,
+    act_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, slice_stride, latent, K, row_words, row_scales,
     stride_we, stride_se,
-    BM: gl.constexpr, BK: gl.constexpr, num_warps: gl.constexpr,
+    BM: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr,
 ):
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
@@ -189,11 +220,11 @@ def l2_regs_kernel(
     if expert >= 0:
         w_ptrs, s_ptrs = _weight_ptrs(w_ptr, s_ptr, expert, n0, row_words, row_scales, stride_we, stride_se,
                                       BN, BK, NW)
-        args = (act_ptr, w_ptrs, s_ptrs, sorted_ptr, pairs_ptr, blk * BM, n0, latent, K)
+        args = (act_ptr, w_ptrs, s_ptrs, sorted_ptr, pairs_ptr, slice_stride, blk * BM, n0, latent, K)
         if BM == 32:  # the same test as L1 on the same block: L1 wrote every row this reads
             if _half_block(sorted_ptr, blk * BM, BM, NW):
-                _l2_rows(*args, 16, BN, BK, NW)
+                _l2_rows(*args, 16, BN, BK, NW, SPLIT)
             else:
-                _l2_rows(*args, 32, BN, BK, NW)
+                _l2_rows(*args, 32, BN, BK, NW, SPLIT)
         else:
-            _l2_rows(*args, BM, BN, BK, NW)
+            _l2_rows(*args, BM, BN, BK, NW, SPLIT)

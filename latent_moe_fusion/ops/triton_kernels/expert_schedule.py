@@ -21,12 +21,12 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from ..gluon_kernels import launch_routed_l1, launch_routed_l2, regs_path_reason
-from ..math import situ as situ_math
+from ..gluon_kernels import launch_routed_l1, launch_routed_l2, regs_path_reason, split_reason
 from .combine import launch_combine
 from .expert_gemm import l1_kernel, l2_kernel
 from .moe_align import group_by_expert
 from .producer_config import ProducerConfig, interpreting, pick_config
+from .shared_by_library import shared_by_library
 from .split_k import launch_l1_finish
 from .weight_tiles import dot_precision
 
@@ -89,6 +89,8 @@ def resolve_config(
 SHARED_ENV = "LMF_REGS_SHARED"  # override: side | cublas | cublas_side
 SHARED_STRATEGIES = ("side", "cublas", "cublas_side")
 SHARED_SIDE_MAX_TOKENS = 16
+GRID_SHARED_ENV = "LMF_GRID_SHARED"  # override for the Triton routed grids: grid | cublas
+GRID_SHARED_STRATEGIES = ("grid", "cublas")
 
 
 def shared_strategy(m_s: int) -> str:
@@ -109,16 +111,23 @@ def shared_strategy(m_s: int) -> str:
     return "side" if m_s <= SHARED_SIDE_MAX_TOKENS else "cublas"
 
 
+def grid_shared_strategy(m_s: int) -> str:
+    """Where the shared expert runs when the routed tiles are on the Triton grids: inside them ("grid",
+    one launch per layer), or as cuBLAS GEMMs before them ("cublas")."""
+    forced = os.environ.get(GRID_SHARED_ENV)
+    if forced:
+        if forced not in GRID_SHARED_STRATEGIES:
+            raise ValueError(f"{GRID_SHARED_ENV}={forced!r}: expected one of {', '.join(GRID_SHARED_STRATEGIES)}")
+        return forced
+    return "grid"
+
+
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
 def _shared_by_cublas(shared: SharedExpert, beta: float, lin_beta: float) -> None:
-    """The shared expert as the unfused block computes it: BF16 GEMMs with FP32 accumulation, each
-    product rounded, SiTU in FP32; the down product lands in shared.out (the fragments)."""
-    g = torch.nn.functional.linear(shared.x_s, shared.w1_s)
-    u = torch.nn.functional.linear(shared.x_s, shared.w3_s)
-    act = situ_math(g, u, beta, lin_beta).to(g.dtype)
-    torch.mm(act, shared.w2_s.t(), out=shared.out)
+    """The shared expert as the unfused block computes it (shared_by_library); lands in shared.out."""
+    shared_by_library(shared.x_s, shared.w1_s, shared.w3_s, shared.w2_s, shared.out, beta, lin_beta)
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
@@ -175,6 +184,8 @@ def run_experts(
     regs = cfg.routed_regs and grouping is not None
     if regs:
         reason = regs_path_reason(z, w13, w2, w13_scale, w2_scale, weight_format, bm)
+        if reason is None and cfg.regs_split != (1, 1):
+            reason = split_reason(cfg.regs_split, latent, inter)
         if reason is not None and config is not None:
             raise ValueError(f"config.routed_regs: the register-dequant kernels cannot take this call ({reason}); "
                              "use a config with routed_regs=False")
@@ -182,9 +193,10 @@ def run_experts(
     nb_triton = 0 if regs else nb_max
     act = torch.empty(max(nb_max * bm, 1), inter, dtype=z.dtype, device=dev)
     split1, split2 = cfg.l1.split_k, cfg.l2.split_k
+    pair_slices = cfg.regs_split[1] if regs else split2  # K slices of the routed L2, added by the combine
     if regs:
-        split2 = 1  # routed L2 slices exist only in the Triton kernel; its shared tiles are never split
-    pairs_shape = (max(num_pairs, 1), latent) if split2 == 1 else (split2, max(num_pairs, 1), latent)
+        split2 = 1  # the Triton L2 then holds only shared tiles, which are never split
+    pairs_shape = (max(num_pairs, 1), latent) if pair_slices == 1 else (pair_slices, max(num_pairs, 1), latent)
     pairs = torch.empty(pairs_shape, dtype=torch.float32, device=dev)
     sorted_pairs = grouping.sorted_pairs if grouping else act
     block_expert = grouping.block_expert if grouping else act
@@ -192,7 +204,10 @@ def run_experts(
     w13s, s13_e, s13_n, s13s_e, s13s_n = _weight_strides(w13, w13_scale)
     w2s, s2_e, s2_n, s2s_e, s2s_n = _weight_strides(w2, w2_scale)
 
+    shared_how = "none"
     if shared is not None and shared.x_s.shape[0] > 0:
+        shared_how = shared_strategy(shared.x_s.shape[0]) if regs else grid_shared_strategy(shared.x_s.shape[0])
+    if shared_how in ("side", "grid"):
         x_s, w1_s, w3_s, w2_s, s_out = shared.x_s, shared.w1_s, shared.w3_s, shared.w2_s, shared.out
         m_s, hidden = x_s.shape
         inter_s = w1_s.shape[0]
@@ -218,9 +233,6 @@ def run_experts(
     grid1 = (sh_l1 + nb_triton * tiles_r1) * split1
     grid2 = sh_l2 + nb_triton * tiles_r2 * split2
     common = dict(BM=bm, MXFP4=mxfp4, DEQUANT=cfg.dequant, INTERPRET=interp, DOT_PREC=prec)
-    shared_how = shared_strategy(m_s) if regs and grid1 + grid2 > 0 else "grid"
-    if shared_how.startswith("cublas"):
-        grid1 = grid2 = 0
     side = _side_stream(dev) if shared_how in ("side", "cublas_side") else None
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(dev))
@@ -250,7 +262,8 @@ def run_experts(
                 SPLIT=split2, **cfg.l2.launch_options(), **common,
             )
     if regs:
-        launch_routed_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm, top_k, beta, lin_beta)
+        launch_routed_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm, top_k, beta, lin_beta,
+                         cfg.regs_split[0])
         launch_routed_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max, bm)
     if side is not None:
         torch.cuda.current_stream(dev).wait_stream(side)

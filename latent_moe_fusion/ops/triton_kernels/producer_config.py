@@ -51,6 +51,13 @@ class ProducerConfig:
     # Routed MXFP4 tiles on the Gluon register-dequant kernels (ops/gluon_kernels; sm_90, 16 or 32-row
     # blocks): l1 / l2 then shape only the shared expert's tiles.
     routed_regs: bool = False
+    # K slices (L1, L2) of the register-dequant kernels (routed_regs only): FP32 partial sums added in
+    # slice order (bitwise the same every run), for a single token whose few experts cannot fill the GPU.
+    regs_split: tuple[int, int] = (1, 1)
+
+    def __post_init__(self) -> None:
+        if len(self.regs_split) != 2 or min(self.regs_split) < 1:
+            raise ValueError(f"ProducerConfig.regs_split must be two slice counts >= 1, got {self.regs_split}")
 
     def with_k_dims(self, routed_k: tuple[int, int], shared_k: tuple[int, int] | None, mxfp4: bool) -> ProducerConfig:
         """Shrink each K tile until it divides its K: routed (L1: L, L2: I), shared (L1: H, L2: I_s)."""
@@ -90,6 +97,26 @@ def decode_block_m(num_pairs: int, num_experts: int) -> int:
 # (205 us) with 8 tokens' experts per row; from M = 8 on splitting only adds partial traffic.
 SPLIT_K_MAX_PAIRS = 16
 DECODE_SPLIT_K = (2, 2)
+
+REGS_SPLIT_ENV = "LMF_REGS_SPLIT"  # "L1,L2": tuning override of the register-dequant kernels' K slices
+REGS_DECODE_SPLIT = (2, 2)
+
+
+def regs_decode_split(num_pairs: int) -> tuple[int, int]:
+    """K slices of the register-dequant kernels: split for a single token (few programs), never beyond."""
+    if num_pairs > SPLIT_K_MAX_PAIRS:
+        return (1, 1)
+    forced = os.environ.get(REGS_SPLIT_ENV)
+    if not forced:
+        return REGS_DECODE_SPLIT
+    try:
+        l1, l2 = (int(v) for v in forced.split(","))
+    except ValueError:
+        raise ValueError(f"{REGS_SPLIT_ENV}={forced!r}: expected two slice counts, e.g. 2,4") from None
+    if l1 < 1 or l2 < 1:
+        raise ValueError(f"{REGS_SPLIT_ENV}={forced!r}: slice counts must be >= 1")
+    return l1, l2
+
 
 SHARED_TILES_ENV = "LMF_PRODUCER_DECODE_SHARED_TILES"  # "BNxBK": tuning override, e.g. "16x128"
 DECODE_SHARED_TILES = (32, 64)  # (rows, K) of the MXFP4 decode shared gate/up programs: H200 sweep, bench/results/producer_shared_tiles.md
@@ -141,7 +168,7 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
                 split = DECODE_SPLIT_K[0] if num_pairs <= SPLIT_K_MAX_PAIRS else 1
                 return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=bm == 16, split_k=split),
                                       GemmTiles(64, 128, 4, 4, 32, 128 if bm == 16 else 0, tma=bm == 16),
-                                      dequant, True)
+                                      dequant, True, regs_decode_split(num_pairs))
             if bm == 16:
                 split = DECODE_SPLIT_K if num_pairs <= SPLIT_K_MAX_PAIRS else (1, 1)
                 return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=sm90, split_k=split[0]),
