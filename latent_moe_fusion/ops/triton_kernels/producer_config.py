@@ -99,7 +99,10 @@ SPLIT_K_MAX_PAIRS = 16
 DECODE_SPLIT_K = (2, 2)
 
 REGS_SPLIT_ENV = "LMF_REGS_SPLIT"  # "L1,L2": tuning override of the register-dequant kernels' K slices
-REGS_DECODE_SPLIT = (2, 2)
+# Not split by default. H200, M = 1 (bench/results/regs_split.md): the routed op alone gains at most 8 %
+# with one token per row (46.6 -> 42.8 us at 4 x 4) and loses 3-27 % with 8 tokens' experts per row; the
+# producer (shared expert on its side stream) gains nothing at any split and doubles with L2 in 4+ slices.
+REGS_DECODE_SPLIT = (1, 1)
 
 
 def regs_decode_split(num_pairs: int) -> tuple[int, int]:
