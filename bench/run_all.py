@@ -18,6 +18,7 @@ BENCHMARKS = (
     ("producer_weight_loads.py", (), None),
     ("producer_split_k.py", (), None),
     ("routed_regs.py", (), None),
+    ("regs_split.py", (), None),
     ("regs_sass.py", (), None),
     ("block.py", (), None),
     ("deepgemm_routed.py", ("--weight-format", "mxfp4"), "deep_gemm"),
