@@ -82,7 +82,7 @@ def launch_routed_l1(
     words = w13.view(torch.int32)
     n_rows = num_blocks * block_m
     h_part = act if split == 1 else torch.empty(split, n_rows, 2 * inter, dtype=torch.float32, device=z.device)
-    grid = (num_blocks * (inter // (16 * L1_WARPS)), split)
+    grid = (num_blocks * (inter // (16 * L1_WARPS)) * split,)
     l1_regs_kernel[grid](
         z, words, w13_scale, sorted_pairs, block_expert, act, h_part, n_rows, inter, latent, latent // 8,
         latent // MXFP4_BLOCK, top_k, words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta),
@@ -105,7 +105,7 @@ def launch_routed_l2(
     inter = act.shape[1]
     words = w2.view(torch.int32)
     split = pairs.shape[0] if pairs.dim() == 3 else 1
-    grid = (num_blocks * (latent // (16 * L2_WARPS)), split)
+    grid = (num_blocks * (latent // (16 * L2_WARPS)) * split,)
     l2_regs_kernel[grid](
         act, words, w2_scale, sorted_pairs, block_expert, pairs, pairs.stride(0) if split > 1 else 0, latent, inter,
         inter // 8, inter // MXFP4_BLOCK, words.stride(0), w2_scale.stride(0),

@@ -12,7 +12,7 @@ permuted order). The next step's weights are loaded before the current one is ex
 L1 (gate and up, two accumulators, SiTU of the FP32 sums, act rounded once) and L2 (down, FP32 pair
 rows for the combine) as in the Triton kernels; shared-expert tiles are not handled here.
 
-SPLIT > 1 cuts K into SPLIT slices (grid axis 1) for a single decode token, whose ~2 local experts
+SPLIT > 1 cuts K into SPLIT slices for a single decode token, whose ~2 local experts
 give too few programs to keep enough loads in flight: L1 then writes FP32 gate and up slice sums
 (triton_kernels/split_k.py adds them in slice order and applies SiTU), L2 writes FP32 slice rows
 that the combine adds in slice order. Both are bitwise the same on every run.
@@ -101,21 +101,21 @@ def _mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, 
 
 
 @gluon.jit
-def _k_slice(K, SPLIT: gl.constexpr, BK: gl.constexpr):
-    """This program's K range: all of K, or slice program_id(1) of SPLIT (K a multiple of SPLIT * BK)."""
+def _k_slice(K, k_index, SPLIT: gl.constexpr, BK: gl.constexpr):
+    """This program's K range: all of K, or slice k_index of SPLIT (K a multiple of SPLIT * BK)."""
     if SPLIT == 1:
         k_begin = 0
         k_end = K
     else:
         k_len = K // SPLIT
-        k_begin = gl.multiple_of(gl.program_id(1) * k_len, BK)
+        k_begin = gl.multiple_of(k_index * k_len, BK)
         k_end = k_begin + k_len
     return k_begin, k_end
 
 
 @gluon.jit
-def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, h_part_ptr, n_rows, row0, n0, inter, K,
-             top_k, beta, lin_beta, ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr,
+def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, h_part_ptr, n_rows, k_index, row0, n0,
+             inter, K, top_k, beta, lin_beta, ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr,
              SPLIT: gl.constexpr):
     """act[row0 .. row0 + ROWS, n0 .. n0 + BN] = bf16(SiTU(gate, up)) of the rows' tokens; with SPLIT > 1
     this K slice's FP32 gate and up sums into h_part[slice, rows, n (gate) | inter + n (up)] instead."""
@@ -127,7 +127,7 @@ def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, h_p
     ak = gl.arange(0, BK, layout=gl.SliceLayout(0, act_l))
     a_ptrs = z_ptr + tok[:, None].to(gl.int64) * K + ak[None, :]
     a_mask = (pair >= 0)[:, None] & (ak >= 0)[None, :]
-    k_begin, k_end = _k_slice(K, SPLIT, BK)
+    k_begin, k_end = _k_slice(K, k_index, SPLIT, BK)
     g, u = _mainloop(wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, a_ptrs, a_mask, k_begin, k_end, True, ROWS, BN, BK, NW)
     on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
     om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma_l))
@@ -136,14 +136,14 @@ def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, h_p
         h = situ(g, u, beta, lin_beta)
         gl.store(act_ptr + om[None, :].to(gl.int64) * inter + on[:, None], h.to(act_ptr.dtype.element_ty))
     else:
-        part_row = gl.program_id(1) * n_rows + om
+        part_row = k_index * n_rows + om
         dest = h_part_ptr + part_row[None, :].to(gl.int64) * (2 * inter) + on[:, None]
         gl.store(dest, g)
         gl.store(dest + inter, u)
 
 
 @gluon.jit
-def _l2_rows(act_ptr, w_ptrs, s_ptrs, sorted_ptr, pairs_ptr, slice_stride, row0, n0, latent, K,
+def _l2_rows(act_ptr, w_ptrs, s_ptrs, sorted_ptr, pairs_ptr, slice_stride, k_index, row0, n0, latent, K,
              ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr, SPLIT: gl.constexpr):
     """pairs[pair of row, n0 .. n0 + BN] = act[row] @ W2^T for the valid rows of row0 .. row0 + ROWS
     (with SPLIT > 1: this K slice's sum, at pairs + slice * slice_stride)."""
@@ -153,10 +153,10 @@ def _l2_rows(act_ptr, w_ptrs, s_ptrs, sorted_ptr, pairs_ptr, slice_stride, row0,
     ak = gl.arange(0, BK, layout=gl.SliceLayout(0, act_l))
     a_ptrs = act_ptr + am[:, None].to(gl.int64) * K + ak[None, :]
     a_mask = (am >= 0)[:, None] & (ak >= 0)[None, :]
-    k_begin, k_end = _k_slice(K, SPLIT, BK)
+    k_begin, k_end = _k_slice(K, k_index, SPLIT, BK)
     acc, acc2 = _mainloop(w_ptrs, s_ptrs, w_ptrs, s_ptrs, a_ptrs, a_mask, k_begin, k_end, False, ROWS, BN, BK, NW)
     if SPLIT > 1:
-        pairs_ptr += gl.program_id(1).to(gl.int64) * slice_stride
+        pairs_ptr += k_index.to(gl.int64) * slice_stride
     on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
     om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma_l))
     pair = gl.load(sorted_ptr + om)
@@ -175,12 +175,15 @@ def _half_block(sorted_ptr, row0, BM: gl.constexpr, NW: gl.constexpr):
 
 
 @gluon.jit
-def _program_tile(block_expert_ptr, n_total, BN: gl.constexpr):
-    """This program's expert block, its first weight row, and the block's expert (-1: unused block)."""
+def _program_tile(block_expert_ptr, n_total, BN: gl.constexpr, SPLIT: gl.constexpr):
+    """This program's expert block, its first weight row, the block's expert (-1: unused block) and its
+    K slice. The block is the slowest index: the programs of the used blocks (which come first) start
+    before the unused blocks' programs, which only read the expert and exit."""
     tiles_n = n_total // BN
     pid = gl.program_id(0)
-    blk = pid // tiles_n
-    return blk, (pid % tiles_n) * BN, gl.load(block_expert_ptr + blk)
+    blk = pid // (tiles_n * SPLIT)
+    within = pid % (tiles_n * SPLIT)
+    return blk, (within % tiles_n) * BN, gl.load(block_expert_ptr + blk), within // tiles_n
 
 
 @gluon.jit(do_not_specialize=["top_k"])
@@ -191,14 +194,14 @@ def l1_regs_kernel(
 ):
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
-    blk, n0, expert = _program_tile(block_expert_ptr, inter, BN)
+    blk, n0, expert, k_index = _program_tile(block_expert_ptr, inter, BN, SPLIT)
     if expert >= 0:
         wg_ptrs, sg_ptrs = _weight_ptrs(w_ptr, s_ptr, expert, n0, row_words, row_scales, stride_we, stride_se,
                                         BN, BK, NW)
         wu_ptrs, su_ptrs = _weight_ptrs(w_ptr, s_ptr, expert, inter + n0, row_words, row_scales, stride_we,
                                         stride_se, BN, BK, NW)
-        args = (z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, h_part_ptr, n_rows, blk * BM, n0,
-                inter, K, top_k, beta, lin_beta)
+        args = (z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, h_part_ptr, n_rows, k_index, blk * BM,
+                n0, inter, K, top_k, beta, lin_beta)
         if BM == 32:
             if _half_block(sorted_ptr, blk * BM, BM, NW):
                 _l1_rows(*args, 16, BN, BK, NW, SPLIT)
@@ -216,11 +219,11 @@ def l2_regs_kernel(
 ):
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
-    blk, n0, expert = _program_tile(block_expert_ptr, latent, BN)
+    blk, n0, expert, k_index = _program_tile(block_expert_ptr, latent, BN, SPLIT)
     if expert >= 0:
         w_ptrs, s_ptrs = _weight_ptrs(w_ptr, s_ptr, expert, n0, row_words, row_scales, stride_we, stride_se,
                                       BN, BK, NW)
-        args = (act_ptr, w_ptrs, s_ptrs, sorted_ptr, pairs_ptr, slice_stride, blk * BM, n0, latent, K)
+        args = (act_ptr, w_ptrs, s_ptrs, sorted_ptr, pairs_ptr, slice_stride, k_index, blk * BM, n0, latent, K)
         if BM == 32:  # the same test as L1 on the same block: L1 wrote every row this reads
             if _half_block(sorted_ptr, blk * BM, BM, NW):
                 _l2_rows(*args, 16, BN, BK, NW, SPLIT)
