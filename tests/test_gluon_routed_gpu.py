@@ -161,3 +161,29 @@ def test_a_given_split_that_does_not_cut_k_says_why(monkeypatch, rng_seed):
     cfg = replace(pick_config(KIMI_RANK["top_k"], "mxfp4", torch.bfloat16, KIMI_RANK["num_experts"]), regs_split=(3, 1))
     with pytest.raises(ValueError, match="L1 K = 3584 does not cut into 3 slices"):
         run_experts(*p.routed_args(), config=cfg)
+
+
+def test_a_picked_split_that_does_not_cut_k_runs_whole_k(monkeypatch, rng_seed):
+    """L = 384 is 3 steps of 128: the picked single-token split (4 L1 slices) cannot cut it, so the
+    Gluon kernels run whole K instead of the call falling back to the Triton kernels."""
+    from latent_moe_fusion.ops.gluon_kernels import routed_gemm
+    from latent_moe_fusion.ops.triton_kernels.producer_config import REGS_DECODE_SPLIT
+
+    assert 384 % (REGS_DECODE_SPLIT[0] * 128)
+    splits = []
+    real = routed_gemm.l1_regs_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                splits.append(kwargs["SPLIT"])
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(routed_gemm, "l1_regs_kernel", Spy())
+    p = make_problem(1, weight_format="mxfp4", device="cuda", latent=384, inter=256, num_experts=8, top_k=8,
+                     hidden=512, inter_s=128)
+    y, _ = _run(p, False, monkeypatch, regs=True)
+    assert splits == [1]
+    ref64 = routed64(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in p.routed_args()))
+    assert rel_l2(y.cpu(), ref64) < tolerance(torch.bfloat16)

@@ -184,8 +184,11 @@ def run_experts(
     regs = cfg.routed_regs and grouping is not None
     if regs:
         reason = regs_path_reason(z, w13, w2, w13_scale, w2_scale, weight_format, bm)
-        if reason is None and cfg.regs_split != (1, 1):
-            reason = split_reason(cfg.regs_split, latent, inter)
+        split_why = split_reason(cfg.regs_split, latent, inter) if reason is None else None
+        if split_why is not None and config is None:
+            cfg = replace(cfg, regs_split=(1, 1))  # a picked split that does not cut these K: whole K
+        elif split_why is not None:
+            reason = split_why
         if reason is not None and config is not None:
             raise ValueError(f"config.routed_regs: the register-dequant kernels cannot take this call ({reason}); "
                              "use a config with routed_regs=False")

@@ -99,10 +99,12 @@ SPLIT_K_MAX_PAIRS = 16
 DECODE_SPLIT_K = (2, 2)
 
 REGS_SPLIT_ENV = "LMF_REGS_SPLIT"  # "L1,L2": tuning override of the register-dequant kernels' K slices
-# Not split by default. H200, M = 1 (bench/results/regs_split.md): the routed op alone gains at most 8 %
-# with one token per row (46.6 -> 42.8 us at 4 x 4) and loses 3-27 % with 8 tokens' experts per row; the
-# producer (shared expert on its side stream) gains nothing at any split and doubles with L2 in 4+ slices.
-REGS_DECODE_SPLIT = (1, 1)
+# H200, M = 1 (bench/results/regs_split.md, 18:57 run): L1 in 4 slices and L2 in 2 is the one choice
+# that is not slower anywhere. Routed op alone 47.1 -> 41.8 us with one token per row (a rank's EP
+# share) and 145.4 -> 142.4 with 8 tokens' experts per row; producer 57.7 -> 57.2 and 171.4 -> 165.6
+# (its shared expert on the side stream competes for the SMs the extra programs would use). L2 in 4+
+# slices makes the producer's combine spill (2.9 -> 58 us).
+REGS_DECODE_SPLIT = (4, 2)
 
 
 def regs_decode_split(num_pairs: int) -> tuple[int, int]:
