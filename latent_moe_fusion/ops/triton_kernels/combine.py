@@ -5,7 +5,10 @@ slot order (no atomics: the result is bitwise the same on every run), rounded to
 dtype (y), then, with NORM, y_n = round(float(y) * rsqrt(mean(float(y)^2) + eps) * w) in FP32.
 Slots with ids < 0 read nothing. The slot loop is unrolled so all K row loads are in flight at once.
 With L2 split along K (SPLIT slices, pairs [SPLIT, M * K, L]) each slot's row is first the sum of
-its slices in slice order.
+its slices in slice order. From 3 slices on, the row is processed in column chunks (K x SPLIT whole
+rows in flight spill registers: 2.9 -> 58 us at 4 slices with the norm, regs_split.md); the norm then
+reads the rounded y back in a second pass, so y is bitwise the same and y_n may differ from the
+one-pass sum of squares in its last place.
 """
 
 from __future__ import annotations
@@ -19,14 +22,9 @@ from .producer_config import interpreting
 
 
 @triton.jit
-def combine_kernel(
-    pairs_ptr, ids_ptr, weights_ptr, out_ptr, rms_ptr, eps, latent, slice_stride,
-    TOP_K: tl.constexpr, BLOCK_L: tl.constexpr, NORM: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr,
-):
-    m = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_L)
-    cmask = cols < latent
-    acc = tl.zeros([BLOCK_L], dtype=tl.float32)
+def _slot_sum(pairs_ptr, ids_ptr, weights_ptr, m, cols, cmask, latent, slice_stride, TOP_K: tl.constexpr,
+              SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
         expert = tl.load(ids_ptr + m * TOP_K + j)
         w = tl.load(weights_ptr + m * TOP_K + j)
@@ -35,6 +33,49 @@ def combine_kernel(
         for s in tl.static_range(1, SPLIT):
             row += tl.load(pairs_ptr + s * slice_stride + (m * TOP_K + j) * latent + cols, mask=cmask & hit, other=0.0)
         acc += tl.where(hit, w, 0.0) * row
+    return acc
+
+
+@triton.jit
+def _combine_chunked(pairs_ptr, ids_ptr, weights_ptr, out_ptr, rms_ptr, eps, latent, slice_stride, m,
+                     TOP_K: tl.constexpr, BLOCK_L: tl.constexpr, CHUNK: tl.constexpr, NORM: tl.constexpr,
+                     INTERPRET: tl.constexpr, SPLIT: tl.constexpr):
+    dtype = out_ptr.dtype.element_ty
+    sum_sq = 0.0
+    for c in tl.static_range(BLOCK_L // CHUNK):
+        cols = c * CHUNK + tl.arange(0, CHUNK)
+        cmask = cols < latent
+        y = round_to(_slot_sum(pairs_ptr, ids_ptr, weights_ptr, m, cols, cmask, latent, slice_stride, TOP_K, SPLIT,
+                               CHUNK), dtype, INTERPRET)
+        if NORM:
+            yf = y.to(tl.float32)
+            sum_sq += tl.sum(yf * yf, axis=0)
+        tl.store(out_ptr + m * latent + cols, y, mask=cmask)
+    if NORM:
+        # y is re-read by the threads that stored it (same layout): program order makes it visible
+        inv = 1.0 / tl.sqrt_rn(sum_sq / latent + eps)
+        for c in tl.static_range(BLOCK_L // CHUNK):
+            cols = c * CHUNK + tl.arange(0, CHUNK)
+            cmask = cols < latent
+            yf = tl.load(out_ptr + m * latent + cols, mask=cmask, other=0.0).to(tl.float32)
+            rms_w = tl.load(rms_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            tl.store(out_ptr + m * latent + cols, round_to(yf * inv * rms_w, dtype, INTERPRET), mask=cmask)
+
+
+@triton.jit
+def combine_kernel(
+    pairs_ptr, ids_ptr, weights_ptr, out_ptr, rms_ptr, eps, latent, slice_stride,
+    TOP_K: tl.constexpr, BLOCK_L: tl.constexpr, NORM: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    m = tl.program_id(0).to(tl.int64)
+    if SPLIT > 2:
+        _combine_chunked(pairs_ptr, ids_ptr, weights_ptr, out_ptr, rms_ptr, eps, latent, slice_stride, m,
+                         TOP_K, BLOCK_L, CHUNK, NORM, INTERPRET, SPLIT)
+        return
+    cols = tl.arange(0, BLOCK_L)
+    cmask = cols < latent
+    acc = _slot_sum(pairs_ptr, ids_ptr, weights_ptr, m, cols, cmask, latent, slice_stride, TOP_K, SPLIT, BLOCK_L)
     dtype = out_ptr.dtype.element_ty
     y = round_to(acc, dtype, INTERPRET)
     if NORM:
@@ -44,6 +85,16 @@ def combine_kernel(
         rms_w = tl.load(rms_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
         y = round_to(yf * inv * rms_w, dtype, INTERPRET)
     tl.store(out_ptr + m * latent + cols, y, mask=cmask)
+
+
+def combine_tiles(latent: int, top_k: int, split: int) -> tuple[int, int, int]:
+    """(row block, column chunk, warps). The chunk (used from 3 slices on) keeps the top_k x split row
+    loads in flight within ~64 floats per thread, at least one per thread."""
+    block_l = triton.next_power_of_2(latent)
+    num_warps = 8 if block_l >= 2048 else 4
+    threads = 32 * num_warps
+    chunk = min(block_l, max(threads, triton.next_power_of_2(64 * threads // (top_k * split) + 1) // 2))
+    return block_l, chunk, num_warps
 
 
 def launch_combine(
@@ -56,10 +107,10 @@ def launch_combine(
     latent = out.shape[1]
     if m == 0:
         return
-    block_l = triton.next_power_of_2(latent)
+    block_l, chunk, num_warps = combine_tiles(latent, top_k, split)
     norm = rms_weight is not None
     combine_kernel[(m,)](
         pairs, topk_ids, topk_weights, out, rms_weight if norm else out, float(eps), latent, pairs.stride(0) if split > 1 else 0,
-        TOP_K=top_k, BLOCK_L=block_l, NORM=norm, INTERPRET=interpreting(), SPLIT=split,
-        num_warps=8 if block_l >= 2048 else 4,
+        TOP_K=top_k, BLOCK_L=block_l, NORM=norm, INTERPRET=interpreting(), SPLIT=split, CHUNK=chunk,
+        num_warps=num_warps,
     )
