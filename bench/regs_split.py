@@ -49,6 +49,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--m", type=int, nargs="+", default=[1])
+    ap.add_argument("--splits", nargs="+", default=[f"{a}x{b}" for a, b in SPLITS], help="L1xL2 slice counts")
     args = ap.parse_args()
     bw = measure_ceilings()["copy_bytes_per_s"]
     gen = torch.Generator().manual_seed(29)
@@ -62,7 +63,7 @@ def main() -> None:
             assert picked.routed_regs, "needs the register-dequant path (sm_90, LMF_MXFP4_REGS unset)"
             hit = case.hit_experts()
             ref = routed_experts_math(*case.routed_args(case.sets[0]))
-            for split in SPLITS:
+            for split in [tuple(int(v) for v in name.split("x")) for name in args.splits]:
                 cfg = replace(picked, regs_split=split)
                 row = {"routing": routing, "M": m, "split": f"{split[0]}x{split[1]}", "experts_hit": hit,
                        "picked": split == picked.regs_split,

@@ -42,7 +42,8 @@ def _combine_chunked(pairs_ptr, ids_ptr, weights_ptr, out_ptr, rms_ptr, eps, lat
                      INTERPRET: tl.constexpr, SPLIT: tl.constexpr):
     dtype = out_ptr.dtype.element_ty
     sum_sq = 0.0
-    for c in tl.static_range(BLOCK_L // CHUNK):
+    # runtime loops over the chunks: unrolled, 16 slots x SPLIT loads x chunks took minutes to compile
+    for c in range(0, BLOCK_L // CHUNK):
         cols = c * CHUNK + tl.arange(0, CHUNK)
         cmask = cols < latent
         y = round_to(_slot_sum(pairs_ptr, ids_ptr, weights_ptr, m, cols, cmask, latent, slice_stride, TOP_K, SPLIT,
@@ -54,7 +55,7 @@ def _combine_chunked(pairs_ptr, ids_ptr, weights_ptr, out_ptr, rms_ptr, eps, lat
     if NORM:
         # y is re-read by the threads that stored it (same layout): program order makes it visible
         inv = 1.0 / tl.sqrt_rn(sum_sq / latent + eps)
-        for c in tl.static_range(BLOCK_L // CHUNK):
+        for c in range(0, BLOCK_L // CHUNK):
             cols = c * CHUNK + tl.arange(0, CHUNK)
             cmask = cols < latent
             yf = tl.load(out_ptr + m * latent + cols, mask=cmask, other=0.0).to(tl.float32)
