@@ -1,6 +1,7 @@
 """The top-k combine (Triton; interpreted on the CPU): slot-ordered FP32 sum of the expert rows, one
-rounding, RMSNorm; with K-split pair rows, the slices added in order first. From 3 slices on it runs in
-column chunks (registers), which must give the same y bitwise and y_n within its last place."""
+rounding, RMSNorm; with K-split pair rows, the slices added in order first. With the norm and from 3
+slices on it runs in column chunks (registers), which must give the same y bitwise and y_n within its
+last place."""
 
 import pytest
 import torch

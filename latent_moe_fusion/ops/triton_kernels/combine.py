@@ -5,10 +5,12 @@ slot order (no atomics: the result is bitwise the same on every run), rounded to
 dtype (y), then, with NORM, y_n = round(float(y) * rsqrt(mean(float(y)^2) + eps) * w) in FP32.
 Slots with ids < 0 read nothing. The slot loop is unrolled so all K row loads are in flight at once.
 With L2 split along K (SPLIT slices, pairs [SPLIT, M * K, L]) each slot's row is first the sum of
-its slices in slice order. From 3 slices on, the row is processed in column chunks (K x SPLIT whole
-rows in flight spill registers: 2.9 -> 58 us at 4 slices with the norm, regs_split.md); the norm then
-reads the rounded y back in a second pass, so y is bitwise the same and y_n may differ from the
-one-pass sum of squares in its last place.
+its slices in slice order. With the norm and from 3 slices on, the row is processed in column chunks:
+K x SPLIT whole rows in flight next to the norm's row spill registers (producer at M = 1 and 4 slices:
+113.6 us, 76.4 with chunks; regs_split.md, regs_split_chunked_combine.md). The norm then reads the
+rounded y back in a second pass, so y is bitwise the same and y_n may differ from the one-pass sum of
+squares in its last place. Without the norm the one-pass form stays (5.5 us at 4 slices, 14.5 in chunks:
+the chunk loop waits for each chunk's loads).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def combine_kernel(
     CHUNK: tl.constexpr,
 ):
     m = tl.program_id(0).to(tl.int64)
-    if SPLIT > 2:
+    if NORM and SPLIT > 2:
         _combine_chunked(pairs_ptr, ids_ptr, weights_ptr, out_ptr, rms_ptr, eps, latent, slice_stride, m,
                          TOP_K, BLOCK_L, CHUNK, NORM, INTERPRET, SPLIT)
         return
@@ -89,7 +91,7 @@ def combine_kernel(
 
 
 def combine_tiles(latent: int, top_k: int, split: int) -> tuple[int, int, int]:
-    """(row block, column chunk, warps). The chunk (used from 3 slices on) keeps the top_k x split row
+    """(row block, column chunk, warps). The chunk (with the norm, from 3 slices on) keeps the top_k x split row
     loads in flight within ~64 floats per thread, at least one per thread."""
     block_l = triton.next_power_of_2(latent)
     num_warps = 8 if block_l >= 2048 else 4
