@@ -99,7 +99,7 @@ SPLIT_K_MAX_PAIRS = 16
 DECODE_SPLIT_K = (2, 2)
 
 REGS_SPLIT_ENV = "LMF_REGS_SPLIT"  # "L1,L2": tuning override of the register-dequant kernels' K slices
-# H200, M = 1 (bench/results/regs_split.md 18:57, regs_split_chunked_combine.md 19:30): L1 in 4 slices
+# H200, M = 1 (bench/results/regs_split.md 18:57, regs_split_chunked_combine.md 19:16): L1 in 4 slices
 # and L2 in 2. One token per row (a rank's EP share): routed op 47.1 -> 41.8 and 46.2 -> 40.8 us,
 # producer 57.7 -> 57.2 and 56.9 -> 55.1 (its shared expert on the side stream takes the SMs the extra
 # programs would use). 8 tokens' experts per row: within +-3 % (145.4 -> 142.4, 141.2 -> 144.9). L2 in
