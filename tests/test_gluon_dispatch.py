@@ -41,19 +41,6 @@ def test_shared_strategy_by_tokens_and_override(monkeypatch):
         es.shared_strategy(1)
 
 
-def test_shared_expert_by_library_gemms_matches_the_reference():
-    """The cublas strategy's math (run here on CPU): the unfused block's shared expert, into shared.out."""
-    from latent_moe_fusion.ops.math import shared_expert_math
-    from latent_moe_fusion.ops.triton_kernels.expert_schedule import SharedExpert, _shared_by_cublas
-    from tests.expert_problems import BETA, LIN_BETA, make_problem, rel_l2, tolerance
-
-    p = make_problem(5, latent=64, inter=64, num_experts=2, top_k=2, hidden=256, inter_s=96)
-    out = torch.full_like(p.x_s, float("nan"))
-    _shared_by_cublas(SharedExpert(p.x_s, p.w1_s, p.w3_s, p.w2_s, out), BETA, LIN_BETA)
-    ref = shared_expert_math(p.x_s, p.w1_s, p.w3_s, p.w2_s, BETA, LIN_BETA)
-    assert rel_l2(out, ref) < tolerance(torch.bfloat16)
-
-
 def test_k_slices_must_be_whole_steps():
     from latent_moe_fusion.ops.gluon_kernels import STEP_K, split_reason
 

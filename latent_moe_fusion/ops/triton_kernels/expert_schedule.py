@@ -111,7 +111,7 @@ def shared_strategy(m_s: int) -> str:
     return "side" if m_s <= SHARED_SIDE_MAX_TOKENS else "cublas"
 
 
-def grid_shared_strategy(m_s: int) -> str:
+def grid_shared_strategy() -> str:
     """Where the shared expert runs when the routed tiles are on the Triton grids: inside them ("grid",
     one launch per layer), or as cuBLAS GEMMs before them ("cublas")."""
     forced = os.environ.get(GRID_SHARED_ENV)
@@ -123,11 +123,6 @@ def grid_shared_strategy(m_s: int) -> str:
 
 
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def _shared_by_cublas(shared: SharedExpert, beta: float, lin_beta: float) -> None:
-    """The shared expert as the unfused block computes it (shared_by_library); lands in shared.out."""
-    shared_by_library(shared.x_s, shared.w1_s, shared.w3_s, shared.w2_s, shared.out, beta, lin_beta)
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
@@ -209,7 +204,7 @@ def run_experts(
 
     shared_how = "none"
     if shared is not None and shared.x_s.shape[0] > 0:
-        shared_how = shared_strategy(shared.x_s.shape[0]) if regs else grid_shared_strategy(shared.x_s.shape[0])
+        shared_how = shared_strategy(shared.x_s.shape[0]) if regs else grid_shared_strategy()
     if shared_how in ("side", "grid"):
         x_s, w1_s, w3_s, w2_s, s_out = shared.x_s, shared.w1_s, shared.w3_s, shared.w2_s, shared.out
         m_s, hidden = x_s.shape
@@ -241,7 +236,7 @@ def run_experts(
         side.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         if shared_how.startswith("cublas"):
-            _shared_by_cublas(shared, beta, lin_beta)
+            shared_by_library(shared.x_s, shared.w1_s, shared.w3_s, shared.w2_s, shared.out, beta, lin_beta)
         if grid1 > 0:
             l1_kernel[(grid1,)](
                 z, w13, w13s, sorted_pairs, block_expert, act, w13_desc,
