@@ -67,6 +67,19 @@ def _step(wd, sc, wd2, sc2, act, buf, acc, acc2, DUAL: gl.constexpr, BM: gl.cons
 
 
 @gluon.jit
+def _load_step(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k, DUAL: gl.constexpr):
+    """One k step's operands: weight words and scales (and the second tile's if DUAL), activation tile."""
+    wd = gl.load(w_ptrs + k // 8)
+    sc = gl.load(s_ptrs + k // 32)
+    wd2 = wd
+    sc2 = sc
+    if DUAL:
+        wd2 = gl.load(w2_ptrs + k // 8)
+        sc2 = gl.load(s2_ptrs + k // 32)
+    return wd, sc, wd2, sc2, gl.load(a_ptrs + k, mask=a_mask, other=0.0)
+
+
+@gluon.jit
 def _mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, DUAL: gl.constexpr,
               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
     """acc (and acc2 if DUAL) [BN, BM] in FP32 over k_begin .. k_end; the next step's loads are issued first."""
@@ -75,25 +88,11 @@ def _mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, 
     b_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BM, BK], b_sl)
     acc = gl.zeros([BN, BM], gl.float32, layout=mma_l)
     acc2 = gl.zeros([BN, BM], gl.float32, layout=mma_l)
-    wd = gl.load(w_ptrs + k_begin // 8)
-    sc = gl.load(s_ptrs + k_begin // 32)
-    wd2 = wd
-    sc2 = sc
-    if DUAL:
-        wd2 = gl.load(w2_ptrs + k_begin // 8)
-        sc2 = gl.load(s2_ptrs + k_begin // 32)
-    act = gl.load(a_ptrs + k_begin, mask=a_mask, other=0.0)
+    wd, sc, wd2, sc2, act = _load_step(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, DUAL)
     i = 0
     for k0 in range(k_begin, k_end, BK):
         k_nx = gl.multiple_of(gl.minimum(k0 + BK, k_end - BK), BK)  # the last step reloads itself
-        wd_nx = gl.load(w_ptrs + k_nx // 8)
-        sc_nx = gl.load(s_ptrs + k_nx // 32)
-        wd2_nx = wd_nx
-        sc2_nx = sc_nx
-        if DUAL:
-            wd2_nx = gl.load(w2_ptrs + k_nx // 8)
-            sc2_nx = gl.load(s2_ptrs + k_nx // 32)
-        act_nx = gl.load(a_ptrs + k_nx, mask=a_mask, other=0.0)
+        wd_nx, sc_nx, wd2_nx, sc2_nx, act_nx = _load_step(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_nx, DUAL)
         acc, acc2 = _step(wd, sc, wd2, sc2, act, b_smem.index(i % 2), acc, acc2, DUAL, BM, BN, BK, NW)
         wd, sc, wd2, sc2, act = wd_nx, sc_nx, wd2_nx, sc2_nx, act_nx
         i += 1
