@@ -14,33 +14,16 @@ experts hit over the measured copy bandwidth.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import environment, measure_ceilings, rel_l2, time_graph_ms, write_results  # noqa: E402
-from bench.kernel_breakdown import kernel_times_us  # noqa: E402
-from bench.producer import (  # noqa: E402
-    DT,
-    GLOBAL_EXPERTS,
-    LOCAL_EXPERTS,
-    TOP_K,
-    Case,
-    make_rms_weight,
-    make_sets,
-    make_shared_weights,
-    make_weights,
-)
-from bench.producer_shared_tiles import one_token_sets  # noqa: E402
-from bench.routed_regs import L1_BYTES, L2_BYTES  # noqa: E402
-from latent_moe_fusion.ops.math import routed_experts_math  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config  # noqa: E402
+from bench.producer import GLOBAL_EXPERTS, LOCAL_EXPERTS, TOP_K  # noqa: E402
+from bench.routed_regs import decode_cases, routed_kernel_us  # noqa: E402
 
 SPLITS = ((1, 1), (2, 2), (2, 4), (4, 2), (4, 4), (7, 3), (4, 6), (7, 6), (14, 8))
 
@@ -52,34 +35,27 @@ def main() -> None:
     ap.add_argument("--splits", nargs="+", default=[f"{a}x{b}" for a, b in SPLITS], help="L1xL2 slice counts")
     args = ap.parse_args()
     bw = measure_ceilings()["copy_bytes_per_s"]
-    gen = torch.Generator().manual_seed(29)
-    weights = make_weights("mxfp4", gen)
-    shared_w, rms_w = make_shared_weights(), make_rms_weight()
+    splits = [tuple(int(v) for v in name.split("x")) for name in args.splits]
     rows = []
-    for routing, make in (("1 token/row", one_token_sets), ("8 tokens/row", make_sets)):
-        for m in args.m:
-            case = Case(m, "mxfp4", weights, shared_w, rms_w, make(m, 4, gen))
-            picked = pick_config(m * TOP_K, "mxfp4", DT, LOCAL_EXPERTS)
-            assert picked.routed_regs, "needs the register-dequant path (sm_90, LMF_MXFP4_REGS unset)"
-            hit = case.hit_experts()
-            ref = routed_experts_math(*case.routed_args(case.sets[0]))
-            for split in [tuple(int(v) for v in name.split("x")) for name in args.splits]:
-                cfg = replace(picked, regs_split=split)
-                row = {"routing": routing, "M": m, "split": f"{split[0]}x{split[1]}", "experts_hit": hit,
-                       "picked": split == picked.regs_split,
-                       "l1_floor_us": hit * L1_BYTES / bw * 1e6, "l2_floor_us": hit * L2_BYTES / bw * 1e6,
-                       "err": rel_l2(case.routed_only(0, cfg), ref)}
-                row["routed_us"] = time_graph_ms(lambda i, c=cfg: case.routed_only(i, c), len(case.sets)) * 1e3
-                row["producer_us"] = time_graph_ms(lambda i, c=cfg: case.fused(i, c), len(case.sets)) * 1e3
-                sets = itertools.cycle(range(len(case.sets)))
-                times = dict(kernel_times_us(lambda c=cfg: case.routed_only(next(sets), c), iters=8, top=12))
-                row["l1_us"] = times.get("l1_regs_kernel", float("nan")) + times.get("l1_finish_kernel", 0.0)
-                row["l2_us"] = times.get("l2_regs_kernel", float("nan"))
-                row["combine_us"] = times.get("combine_kernel", float("nan"))
-                row["l1_x_floor"] = row["l1_us"] / row["l1_floor_us"]
-                row["l2_x_floor"] = row["l2_us"] / row["l2_floor_us"]
-                rows.append(row)
-                print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+    for dc in decode_cases(args.m, 29, bw):
+        case = dc.case
+        assert dc.picked.routed_regs, "needs the register-dequant path (sm_90, LMF_MXFP4_REGS unset)"
+        for split in splits:
+            cfg = replace(dc.picked, regs_split=split)
+            row = {"routing": dc.routing, "M": dc.m, "split": f"{split[0]}x{split[1]}", "experts_hit": dc.hit,
+                   "picked": split == dc.picked.regs_split,
+                   "l1_floor_us": dc.l1_floor_us, "l2_floor_us": dc.l2_floor_us,
+                   "err": rel_l2(case.routed_only(0, cfg), dc.ref)}
+            row["routed_us"] = time_graph_ms(lambda i, c=cfg: case.routed_only(i, c), len(case.sets)) * 1e3
+            row["producer_us"] = time_graph_ms(lambda i, c=cfg: case.fused(i, c), len(case.sets)) * 1e3
+            times = routed_kernel_us(case, cfg)
+            row["l1_us"] = times.get("l1_regs_kernel", float("nan")) + times.get("l1_finish_kernel", 0.0)
+            row["l2_us"] = times.get("l2_regs_kernel", float("nan"))
+            row["combine_us"] = times.get("combine_kernel", float("nan"))
+            row["l1_x_floor"] = row["l1_us"] / row["l1_floor_us"]
+            row["l2_x_floor"] = row["l2_us"] / row["l2_floor_us"]
+            rows.append(row)
+            print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
     cols = ["routing", "M", "split", "picked", "experts_hit", "routed_us", "producer_us", "l1_us", "l1_floor_us",
             "l1_x_floor", "l2_us", "l2_floor_us", "l2_x_floor", "combine_us", "err"]
     meta = environment() | {

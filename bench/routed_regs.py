@@ -16,7 +16,8 @@ import argparse
 import itertools
 import json
 import sys
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -40,12 +41,47 @@ from bench.producer import (  # noqa: E402
 )
 from bench.producer_shared_tiles import one_token_sets  # noqa: E402
 from latent_moe_fusion.ops.math import routed_experts_math  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config  # noqa: E402
+from latent_moe_fusion.ops.triton_kernels.producer_config import ProducerConfig, pick_config  # noqa: E402
 
 DECODE_M = (1, 8, 32, 128)
 L1_BYTES = 2 * INTER * (LATENT // 2 + LATENT // 32)  # per expert: gate + up codes and scales
 L2_BYTES = LATENT * (INTER // 2 + INTER // 32)
 KERNELS = {"triton": ("l1_kernel", "l2_kernel"), "regs": ("l1_regs_kernel", "l2_regs_kernel")}
+ROUTINGS = (("1 token/row", one_token_sets), ("8 tokens/row", make_sets))
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    routing: str
+    m: int
+    case: Case
+    picked: ProducerConfig
+    hit: float  # experts hit per input set, mean
+    l1_floor_us: float
+    l2_floor_us: float
+    ref: torch.Tensor  # routed_experts_math of input set 0
+
+
+def decode_cases(ms: list[int], seed: int, bytes_per_s: float) -> Iterator[DecodeCase]:
+    """The routed MXFP4 decode problems the routed benchmarks time, per routing and M: inputs (4 rotating
+    sets), the picked config, the experts hit with their L1 / L2 byte floors, and the FP32 reference."""
+    gen = torch.Generator().manual_seed(seed)
+    weights = make_weights("mxfp4", gen)
+    shared_w, rms_w = make_shared_weights(), make_rms_weight()
+    for routing, make in ROUTINGS:
+        for m in ms:
+            case = Case(m, "mxfp4", weights, shared_w, rms_w, make(m, 4, gen))
+            hit = case.hit_experts()
+            yield DecodeCase(routing, m, case, pick_config(m * TOP_K, "mxfp4", DT, LOCAL_EXPERTS), hit,
+                             hit * L1_BYTES / bytes_per_s * 1e6, hit * L2_BYTES / bytes_per_s * 1e6,
+                             routed_experts_math(*case.routed_args(case.sets[0])))
+
+
+def routed_kernel_us(case: Case, config: ProducerConfig) -> dict[str, float]:
+    """Profiler time per kernel of the routed op alone, over the rotating input sets (L2-cold weights, as
+    in the CUDA-graph replay)."""
+    sets = itertools.cycle(range(len(case.sets)))
+    return dict(kernel_times_us(lambda: case.routed_only(next(sets), config), iters=8, top=12))
 
 
 def main() -> None:
@@ -54,33 +90,25 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="+", default=list(DECODE_M))
     args = ap.parse_args()
     bw = measure_ceilings()["copy_bytes_per_s"]
-    gen = torch.Generator().manual_seed(23)
-    weights = make_weights("mxfp4", gen)
-    shared_w, rms_w = make_shared_weights(), make_rms_weight()
     rows = []
-    for routing, make in (("1 token/row", one_token_sets), ("8 tokens/row", make_sets)):
-        for m in args.m:
-            case = Case(m, "mxfp4", weights, shared_w, rms_w, make(m, 4, gen))
-            picked = pick_config(m * TOP_K, "mxfp4", DT, LOCAL_EXPERTS)
-            configs = {"triton": replace(picked, routed_regs=False), "regs": replace(picked, routed_regs=True)}
-            hit = case.hit_experts()
-            row = {"routing": routing, "M": m, "bm": picked.bm, "experts_hit": hit,
-                   "l1_floor_us": hit * L1_BYTES / bw * 1e6, "l2_floor_us": hit * L2_BYTES / bw * 1e6}
-            ref = routed_experts_math(*case.routed_args(case.sets[0]))
-            for name, cfg in configs.items():
-                row[f"{name}_err"] = rel_l2(case.routed_only(0, cfg), ref)
-                row[f"{name}_us"] = time_graph_ms(lambda i, c=cfg: case.routed_only(i, c), len(case.sets)) * 1e3
-                sets = itertools.cycle(range(len(case.sets)))  # rotating inputs: L2-cold weights, as in the replay
-                times = dict(kernel_times_us(lambda c=cfg: case.routed_only(next(sets), c), iters=8, top=12))
-                l1, l2 = KERNELS[name]
-                row[f"{name}_l1_us"] = times.get(l1, float("nan")) + times.get("l1_finish_kernel", 0.0)
-                row[f"{name}_l2_us"] = times.get(l2, float("nan"))
-            row["speedup"] = row["triton_us"] / row["regs_us"]
-            row["regs_l1_x_floor"] = row["regs_l1_us"] / row["l1_floor_us"]
-            row["regs_l2_x_floor"] = row["regs_l2_us"] / row["l2_floor_us"]
-            row["triton_l1_x_floor"] = row["triton_l1_us"] / row["l1_floor_us"]
-            rows.append(row)
-            print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+    for dc in decode_cases(args.m, 23, bw):
+        case = dc.case
+        configs = {"triton": replace(dc.picked, routed_regs=False), "regs": replace(dc.picked, routed_regs=True)}
+        row = {"routing": dc.routing, "M": dc.m, "bm": dc.picked.bm, "experts_hit": dc.hit,
+               "l1_floor_us": dc.l1_floor_us, "l2_floor_us": dc.l2_floor_us}
+        for name, cfg in configs.items():
+            row[f"{name}_err"] = rel_l2(case.routed_only(0, cfg), dc.ref)
+            row[f"{name}_us"] = time_graph_ms(lambda i, c=cfg: case.routed_only(i, c), len(case.sets)) * 1e3
+            times = routed_kernel_us(case, cfg)
+            l1, l2 = KERNELS[name]
+            row[f"{name}_l1_us"] = times.get(l1, float("nan")) + times.get("l1_finish_kernel", 0.0)
+            row[f"{name}_l2_us"] = times.get(l2, float("nan"))
+        row["speedup"] = row["triton_us"] / row["regs_us"]
+        row["regs_l1_x_floor"] = row["regs_l1_us"] / row["l1_floor_us"]
+        row["regs_l2_x_floor"] = row["regs_l2_us"] / row["l2_floor_us"]
+        row["triton_l1_x_floor"] = row["triton_l1_us"] / row["l1_floor_us"]
+        rows.append(row)
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
     cols = ["routing", "M", "bm", "experts_hit", "triton_us", "regs_us", "speedup", "triton_l1_us", "regs_l1_us",
             "l1_floor_us", "triton_l1_x_floor", "regs_l1_x_floor", "triton_l2_us", "regs_l2_us", "l2_floor_us",
             "regs_l2_x_floor", "triton_err", "regs_err"]
