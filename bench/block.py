@@ -5,7 +5,9 @@ become -1), top-16, shared expert 768 wide (TP8's shard), R = 1 (no cross-rank t
 measures one rank's compute). Decode sizes run inside CUDA graphs with rotating inputs; prefill
 (M = 4096) runs without. The floor is the bytes the block must read once (router, down and up
 projections, shared weights, the experts actually hit, activations) over the measured copy
-bandwidth, or its FLOPs over the measured BF16 rate, whichever is larger.
+bandwidth, or its FLOPs over the measured BF16 rate, whichever is larger. The router runs as serving
+engines run it (a BF16 GEMM with FP32 logits; `--router-gemm fp32` runs the HF reference's FP32 GEMM,
+which the floor's byte count also covers only at BF16 weight size).
 
 The pass rewrites only the shared expert, the RMSNorm, the up-projection and the add; the router, the
 latent down-projection and the routed experts run the same kernels with or without it. `untouched_us`
@@ -28,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import latent_moe_fusion as lmf  # noqa: E402
 from bench.common import environment, measure_ceilings, rel_l2, time_graph_ms, time_ms, write_results  # noqa: E402
 from bench.kernel_breakdown import breakdown_markdown, kernel_times_us  # noqa: E402
-from latent_moe_fusion.model.router import localize_ids, route  # noqa: E402
+from latent_moe_fusion.model.router import ROUTER_GEMMS, localize_ids, route  # noqa: E402
 
 DECODE_M = (1, 8, 32, 128)
 PREFILL_M = (4096,)
@@ -37,7 +39,7 @@ PREFILL_M = (4096,)
 def block_bytes_and_flops(block: lmf.KimiK3MoEBlock, x: torch.Tensor) -> tuple[float, float]:
     cfg = block.cfg
     m, h = x.shape
-    ids, _ = route(x, block.gate_weight, block.correction_bias, cfg.top_k, cfg.routed_scaling_factor)
+    ids, _ = route(x, block.gate_weight, block.correction_bias, cfg.top_k, cfg.routed_scaling_factor, block.router_gemm)
     ids = localize_ids(ids, block.first_expert, block.num_local_experts)
     hit = torch.unique(ids[ids >= 0]).numel()
     assignments = int((ids >= 0).sum())
@@ -67,6 +69,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--m", type=int, nargs="*", default=list(DECODE_M + PREFILL_M))
     ap.add_argument("--no-kernels", action="store_true", help="skip the per-kernel time breakdown")
+    ap.add_argument("--router-gemm", choices=ROUTER_GEMMS, default="bf16",
+                    help="the block's router GEMM (default bf16 with FP32 logits, as serving engines run it)")
     args = ap.parse_args()
     torch.manual_seed(0)
     # Every (variant, size) pair is its own Dynamo compile of one forward: past the default limit of 8,
@@ -77,7 +81,8 @@ def main() -> None:
     torch._functorch.config.enable_autograd_cache = False
     ceilings = measure_ceilings()
     cfg = lmf.KimiK3MoEConfig().replace(shared_intermediate_size=768)
-    block = lmf.KimiK3MoEBlock(cfg, weight_format="mxfp4", dtype=torch.bfloat16, device="cuda", seed=0, ep_size=8, ep_rank=0)
+    block = lmf.KimiK3MoEBlock(cfg, weight_format="mxfp4", dtype=torch.bfloat16, device="cuda", seed=0,
+                               ep_size=8, ep_rank=0, router_gemm=args.router_gemm)
     variants = {"eager": (block, None), "compiled": compiled(block, False), "compiled+fused": compiled(block, True)}
     untouched = torch.compile(block.routed, dynamic=False)  # router + down-projection + routed op
     rows = []
@@ -117,7 +122,8 @@ def main() -> None:
         rows.append(row)
         print(row, flush=True)
     meta = environment() | {
-        "config": "Kimi K3 one rank of TP8/EP8: 112/896 experts MXFP4, top-16, I=3072, L=3584, H=7168, shared 768, R=1",
+        "config": "Kimi K3 one rank of TP8/EP8: 112/896 experts MXFP4, top-16, I=3072, L=3584, H=7168, shared 768, R=1, "
+                  f"router GEMM {args.router_gemm}",
         "copy_TBps": ceilings["copy_bytes_per_s"] / 1e12,
         "bf16_TFLOPps": ceilings["bf16_flop_per_s"] / 1e12,
         "timing": "decode: CUDA graph replay over rotating inputs, median; prefill: CUDA events, median",

@@ -13,6 +13,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 BENCHMARKS = (
     ("tail.py", (), None),
     ("tail_cute.py", (), "cutlass"),
+    ("tail_cublas.py", (), None),  # after tail_cute: it compares cuBLAS addmm with the tail the op then picks
     ("producer.py", (), None),
     ("producer_shared_tiles.py", (), None),
     ("producer_weight_loads.py", (), None),
@@ -20,6 +21,7 @@ BENCHMARKS = (
     ("routed_regs.py", (), None),
     ("regs_split.py", (), None),
     ("regs_sass.py", (), None),
+    ("shared_strategy.py", (), None),
     ("block.py", (), None),
     ("deepgemm_routed.py", ("--weight-format", "mxfp4"), "deep_gemm"),
     ("deepgemm_routed.py", ("--weight-format", "bf16"), "deep_gemm"),

@@ -23,7 +23,8 @@ def situ64(g: torch.Tensor, u: torch.Tensor, beta: float, lin_beta: float) -> to
 def routing(block: KimiK3MoEBlock, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids of this rank's experts, -1 elsewhere; weights) exactly as the block computes them."""
     cfg = block.cfg
-    ids, weights = route(x, block.gate_weight, block.correction_bias, cfg.top_k, cfg.routed_scaling_factor)
+    ids, weights = route(x, block.gate_weight, block.correction_bias, cfg.top_k, cfg.routed_scaling_factor,
+                         block.router_gemm)
     if block.ep_size > 1:
         ids = localize_ids(ids, block.first_expert, block.num_local_experts)
     return ids, weights

@@ -133,7 +133,8 @@ def fused_mode(block: KimiK3MoEBlock) -> str:
 
 def fused_producer_args(block: KimiK3MoEBlock, x: torch.Tensor) -> dict:
     cfg = block.cfg
-    ids, weights = route(x, block.gate_weight, block.correction_bias, cfg.top_k, cfg.routed_scaling_factor)
+    ids, weights = route(x, block.gate_weight, block.correction_bias, cfg.top_k, cfg.routed_scaling_factor,
+                         block.router_gemm)
     if block.ep_size > 1:
         ids = localize_ids(ids, block.first_expert, block.num_local_experts)
     mode = fused_mode(block)

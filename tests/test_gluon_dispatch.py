@@ -33,9 +33,13 @@ def test_shared_strategy_by_tokens_and_override(monkeypatch):
 
     monkeypatch.delenv(es.SHARED_ENV, raising=False)
     assert es.shared_strategy(1) == es.shared_strategy(es.SHARED_SIDE_MAX_TOKENS) == "side"
-    assert es.shared_strategy(es.SHARED_SIDE_MAX_TOKENS + 1) == "cublas"
+    assert es.shared_strategy(es.SHARED_SIDE_MAX_TOKENS + 1) == "cublas_side"
+    assert es.shared_strategy(es.SHARED_CUBLAS_SIDE_MAX_TOKENS) == "cublas_side"
+    assert es.shared_strategy(es.SHARED_CUBLAS_SIDE_MAX_TOKENS + 1) == "cublas"
     monkeypatch.setenv(es.SHARED_ENV, "cublas_side")
     assert es.shared_strategy(1) == "cublas_side"
+    monkeypatch.setenv(es.SHARED_ENV, "side")
+    assert es.shared_strategy(500) == "side"
     monkeypatch.setenv(es.SHARED_ENV, "overlap")
     with pytest.raises(ValueError, match="LMF_REGS_SHARED='overlap'.*side, cublas, cublas_side"):
         es.shared_strategy(1)

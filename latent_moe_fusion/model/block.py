@@ -10,7 +10,7 @@ from torch import nn
 from .. import ops  # noqa: F401  (registers torch.ops.lmf.*)
 from ..config import KimiK3MoEConfig
 from .layers import RMS_NORMS, situ_activation
-from .router import localize_ids, route
+from .router import ROUTER_GEMMS, localize_ids, route
 from .weights import expert_weights, normal
 
 SHARED_GATE_UP_FORMS = ("merged", "split")
@@ -22,7 +22,8 @@ class KimiK3MoEBlock(nn.Module):
     tp_group: the TP process group (None: R = 1). sequence_parallel: x holds this rank's tokens;
     the shared expert all-gathers x and reduce-scatters its output. Beyond DESIGN.md:
     shared_gate_up ('merged' one [2 I_s/R, H] matmul, or 'split' two), rms_norm ('functional'
-    F.rms_norm or 'manual' float32 form), and ep_size/ep_rank (this rank keeps experts
+    F.rms_norm or 'manual' float32 form), router_gemm ('fp32' the HF reference, or 'bf16' a BF16
+    tensor-core GEMM with FP32 logits on CUDA, as serving engines run it: see router.router_logits), and ep_size/ep_rank (this rank keeps experts
     ep_rank*E/ep_size.. and skips the rest: for single-GPU benchmarks of one EP share).
     """
 
@@ -38,6 +39,7 @@ class KimiK3MoEBlock(nn.Module):
         *,
         shared_gate_up: str = "merged",
         rms_norm: str = "functional",
+        router_gemm: str = "fp32",
         ep_size: int = 1,
         ep_rank: int = 0,
     ) -> None:
@@ -48,6 +50,8 @@ class KimiK3MoEBlock(nn.Module):
             raise ValueError(f"shared_gate_up must be one of {SHARED_GATE_UP_FORMS}, got {shared_gate_up!r}")
         if rms_norm not in RMS_NORMS:
             raise ValueError(f"rms_norm must be one of {tuple(RMS_NORMS)}, got {rms_norm!r}")
+        if router_gemm not in ROUTER_GEMMS:
+            raise ValueError(f"router_gemm must be one of {ROUTER_GEMMS}, got {router_gemm!r}")
         self.tp_world = 1 if tp_group is None else dist.get_world_size(tp_group)
         self.tp_rank = 0 if tp_group is None else dist.get_rank(tp_group)
         if sequence_parallel and tp_group is None:
@@ -61,6 +65,7 @@ class KimiK3MoEBlock(nn.Module):
         self.weight_format = weight_format
         self.shared_gate_up = shared_gate_up
         self.rms_norm_form = rms_norm
+        self.router_gemm = router_gemm
         self.num_local_experts = cfg.num_experts // ep_size
         self.first_expert = ep_rank * self.num_local_experts
         self.ep_size = ep_size
@@ -98,7 +103,8 @@ class KimiK3MoEBlock(nn.Module):
     # -- pieces -------------------------------------------------------------------------------
     def routed(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
-        ids, weights = route(x, self.gate_weight, self.correction_bias, cfg.top_k, cfg.routed_scaling_factor)
+        ids, weights = route(x, self.gate_weight, self.correction_bias, cfg.top_k, cfg.routed_scaling_factor,
+                             self.router_gemm)
         if self.ep_size > 1:
             ids = localize_ids(ids, self.first_expert, self.num_local_experts)
         z = F.linear(x, self.w_down)

@@ -90,3 +90,17 @@ def gather_columns(out_slice: torch.Tensor, group_name: str | None) -> torch.Ten
     parts = [torch.empty_like(out_slice) for _ in range(world)]
     dist.all_gather(parts, out_slice.contiguous(), group=group)
     return torch.cat(parts, dim=1)
+
+
+def rank_tail_operands(
+    y_n: torch.Tensor, w_up: torch.Tensor, ws: torch.Tensor, mode: str, group_name: str | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y_n, the w_up rows this rank computes, fragments as [R, M, N]) for the tail's backends.
+
+    hidden_scatter: rank q computes the output columns q*H/R.. (then all-gathers them); the other
+    layouts compute every column."""
+    if mode == "hidden_scatter":
+        cols = w_up.shape[0] // group_size(group_name)
+        q = group_rank(group_name)
+        return y_n, w_up[q * cols : (q + 1) * cols], ws
+    return y_n, w_up, fragments_as_rmn(ws, mode)

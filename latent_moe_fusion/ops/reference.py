@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .backends import Backend, register_backend
-from .layouts import fragments_as_rmn, gather_columns, group_rank, group_size, publish_fragments
+from .layouts import gather_columns, publish_fragments, rank_tail_operands
 from .math import rms_norm_math, routed_experts_math, shared_expert_math, tail_math
 
 ANY_DEVICE = ("cpu", "cuda", "meta")
@@ -22,13 +22,9 @@ def producer_reference(
 
 
 def tail_reference(y_n, w_up, ws, mode, group_name) -> torch.Tensor:
-    if mode == "hidden_scatter":
-        world = group_size(group_name)
-        cols = w_up.shape[0] // world
-        q = group_rank(group_name)
-        out_slice = tail_math(y_n, w_up[q * cols : (q + 1) * cols], ws)
-        return gather_columns(out_slice, group_name)
-    return tail_math(y_n, w_up, fragments_as_rmn(ws, mode))
+    y, w, frags = rank_tail_operands(y_n, w_up, ws, mode, group_name)
+    out = tail_math(y, w, frags)
+    return gather_columns(out, group_name) if mode == "hidden_scatter" else out
 
 
 register_backend(Backend("routed_experts", "reference", 100, ANY_DEVICE, routed_experts_math))

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..backends import Backend, forced_backend_name, register_backend
-from ..layouts import fragments_as_rmn, gather_columns, group_rank, group_size
+from ..layouts import gather_columns, rank_tail_operands
 from .tail_configs import HIDDEN_MULTIPLE, TILE_K, VEC, bucket_bound
 
 OP = "latent_tail"
@@ -91,17 +91,8 @@ def shape_reason(y: torch.Tensor, w: torch.Tensor, frags: torch.Tensor) -> str |
     return None
 
 
-def _operands(y_n, w_up, ws, mode, group_name):
-    if mode == "hidden_scatter":
-        world = group_size(group_name)
-        cols = w_up.shape[0] // world
-        q = group_rank(group_name)
-        return y_n, w_up[q * cols : (q + 1) * cols], ws
-    return y_n, w_up, fragments_as_rmn(ws, mode)
-
-
 def supports(y_n, w_up, ws, mode, group_name=None) -> str | None:
-    y, w, frags = _operands(y_n, w_up, ws, mode, group_name)
+    y, w, frags = rank_tail_operands(y_n, w_up, ws, mode, group_name)
     reason = shape_reason(y, w, frags)
     if reason is not None or forced_backend_name(OP) == NAME:
         return reason
@@ -115,7 +106,7 @@ def supports(y_n, w_up, ws, mode, group_name=None) -> str | None:
 def tail_cute(y_n, w_up, ws, mode, group_name=None) -> torch.Tensor:
     from .tail_runtime import tail_cute_fused
 
-    y, w, frags = _operands(y_n, w_up, ws, mode, group_name)
+    y, w, frags = rank_tail_operands(y_n, w_up, ws, mode, group_name)
     out = tail_cute_fused(y, w, frags)
     return gather_columns(out, group_name) if mode == "hidden_scatter" else out
 

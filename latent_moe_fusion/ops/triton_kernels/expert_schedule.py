@@ -88,7 +88,8 @@ def resolve_config(
 
 SHARED_ENV = "LMF_REGS_SHARED"  # override: side | cublas | cublas_side
 SHARED_STRATEGIES = ("side", "cublas", "cublas_side")
-SHARED_SIDE_MAX_TOKENS = 16
+SHARED_SIDE_MAX_TOKENS = 2  # up to here: the Triton shared grids on the side stream
+SHARED_CUBLAS_SIDE_MAX_TOKENS = 16  # up to here: cuBLAS on the side stream; beyond: cuBLAS in line
 GRID_SHARED_ENV = "LMF_GRID_SHARED"  # override for the Triton routed grids: grid | cublas
 GRID_SHARED_STRATEGIES = ("grid", "cublas")
 
@@ -96,19 +97,23 @@ GRID_SHARED_STRATEGIES = ("grid", "cublas")
 def shared_strategy(m_s: int) -> str:
     """Where the shared expert runs next to the register-dequant routed kernels.
 
-    side:        the Triton shared-only grids on a side stream, overlapping the routed grid;
+    side:        the Triton shared-only grids on a side stream, overlapping the routed kernels;
     cublas:      BF16 cuBLAS GEMMs before the routed kernels, on the caller's stream;
     cublas_side: the same GEMMs on the side stream.
     The routed kernels are issue-bound, so a concurrent shared expert slows them: overlap pays only
-    for a few tokens. H200 producer, M = 1 / 8 / 32 / 128 (us): side 144 / 600 / 902 / 1198,
-    cublas 171 / 607 / 859 / 1034, cublas_side 149 / 589 / 999 / 1223 (producer_notes.md, run 6).
+    for a few tokens. H200, whole block compiled + fused in CUDA graphs, the three placements timed in
+    one process, side / cublas_side / cublas (us; bench/results/shared_strategy.md):
+    M = 1: 107.6 / 109.6 / 116.4, M = 2: 118.8 / 133.2 / 127.5, M = 8: 186.1 / 182.8 / 189.3,
+    M = 12: 227.3 / 224.3 / 230.1, M = 16: 259.0 / 255.5 / 263.5, M = 32: 327.3 / 348.6 / 323.4.
     """
     forced = os.environ.get(SHARED_ENV)
     if forced:
         if forced not in SHARED_STRATEGIES:
             raise ValueError(f"{SHARED_ENV}={forced!r}: expected one of {', '.join(SHARED_STRATEGIES)}")
         return forced
-    return "side" if m_s <= SHARED_SIDE_MAX_TOKENS else "cublas"
+    if m_s <= SHARED_SIDE_MAX_TOKENS:
+        return "side"
+    return "cublas_side" if m_s <= SHARED_CUBLAS_SIDE_MAX_TOKENS else "cublas"
 
 
 def grid_shared_strategy() -> str:

@@ -18,7 +18,7 @@ import os
 import torch
 
 from ..backends import Backend, register_backend
-from ..layouts import fragments_as_rmn, gather_columns, group_rank, group_size
+from ..layouts import gather_columns, rank_tail_operands
 from .tail_configs import TailConfig, pick_config
 
 try:
@@ -159,12 +159,9 @@ def tail_fused(
 
 def tail_triton(y_n: torch.Tensor, w_up: torch.Tensor, ws: torch.Tensor, mode: str, group_name: str | None):
     """The lmf::latent_tail backend: every layout onto tail_fused."""
-    if mode == "hidden_scatter":
-        world = group_size(group_name)
-        cols = w_up.shape[0] // world
-        q = group_rank(group_name)
-        return gather_columns(tail_fused(y_n, w_up[q * cols : (q + 1) * cols], ws), group_name)
-    return tail_fused(y_n, w_up, fragments_as_rmn(ws, mode))
+    y, w, frags = rank_tail_operands(y_n, w_up, ws, mode, group_name)
+    out = tail_fused(y, w, frags)
+    return gather_columns(out, group_name) if mode == "hidden_scatter" else out
 
 
 def available() -> str | None:

@@ -1,0 +1,75 @@
+"""Where the shared expert should run beside the register-dequant routed kernels (decode), measured on
+the whole block: compiled + fused in CUDA graphs, each placement of `LMF_REGS_SHARED` (side, cublas_side,
+cublas) captured and timed in the same process, in alternating rounds (separate processes differ by up
+to ~10 us at M = 1: the rotating inputs route to different experts). Feeds the rule in
+`ops/triton_kernels/expert_schedule.shared_strategy`.
+
+    PYTHONPATH=. python3 bench/shared_strategy.py --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import latent_moe_fusion as lmf  # noqa: E402
+from bench.block import compiled  # noqa: E402
+from bench.common import environment, rel_l2, time_graph_ms, write_results  # noqa: E402
+from latent_moe_fusion.ops.triton_kernels.expert_schedule import SHARED_ENV, SHARED_STRATEGIES, shared_strategy  # noqa: E402
+
+DECODE_M = (1, 2, 4, 8, 12, 16, 32)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--m", type=int, nargs="+", default=list(DECODE_M))
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    torch._dynamo.config.recompile_limit = 64
+    torch._inductor.config.fx_graph_cache = False
+    cfg = lmf.KimiK3MoEConfig().replace(shared_intermediate_size=768)
+    block = lmf.KimiK3MoEBlock(cfg, weight_format="mxfp4", dtype=torch.bfloat16, device="cuda", seed=0,
+                               ep_size=8, ep_rank=0, router_gemm="bf16")
+    plain, _ = compiled(block, False)
+    fused, fpass = compiled(block, True)
+    forced = os.environ.pop(SHARED_ENV, None)
+    rows = []
+    for m in args.m:
+        xs = [torch.randn(m, cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+        ref = block(xs[0])
+        times: dict[str, list[float]] = {"compiled": [], **{s: [] for s in SHARED_STRATEGIES}}
+        row = {"M": m, "default": shared_strategy(m)}
+        for _ in range(args.rounds):
+            times["compiled"].append(1e3 * time_graph_ms(lambda i: plain(xs[i]), len(xs)))
+            for strategy in SHARED_STRATEGIES:
+                os.environ[SHARED_ENV] = strategy  # read when the op runs, i.e. at each capture
+                row[f"{strategy}_err"] = rel_l2(fused(xs[0]), ref)
+                times[strategy].append(1e3 * time_graph_ms(lambda i: fused(xs[i]), len(xs)))
+            os.environ.pop(SHARED_ENV)
+        row["matched"] = fpass.report.matched
+        row |= {f"{name}_us": statistics.median(v) for name, v in times.items()}
+        row["best"] = min(SHARED_STRATEGIES, key=lambda s: row[f"{s}_us"])
+        rows.append(row)
+        print(row, flush=True)
+    if forced is not None:
+        os.environ[SHARED_ENV] = forced
+    meta = environment() | {
+        "config": "Kimi K3 one rank of TP8/EP8: 112/896 experts MXFP4, top-16, shared 768, R=1, router GEMM bf16",
+        "timing": f"CUDA graph replay over 4 rotating inputs, median of {args.rounds} alternating rounds",
+    }
+    cols = ["M", "compiled_us", "side_us", "cublas_side_us", "cublas_us", "best", "default", "matched",
+            "side_err", "cublas_side_err", "cublas_err"]
+    write_results("shared_strategy", rows, cols, meta, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""Matmuls whose rows Inductor's pad_mm padded (it did so on the H200 for the shared down-projection at
+M = 4) are fused like plain ones; padded matmuls outside the block keep their padding.
+
+pad_mm only runs on GPUs, so these models write the padded form themselves: constant_pad_nd of the
+rows, mm, slice back to the real rows — the post-grad shape pad_mm leaves behind."""
+
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import latent_moe_fusion as lmf
+from latent_moe_fusion.model.layers import situ_activation
+from tests.fusion_models import CFG, PRODUCER, TAIL, compiled, post_grad, rel_l2
+
+BF16 = torch.bfloat16
+PAD_ROWS = 5
+
+
+def _row_padded_mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """a @ w^T computed on rows padded with zeros, then sliced back (pad_mm's form)."""
+    return torch.mm(F.pad(a, (0, 0, 0, PAD_ROWS)), w.t())[: a.shape[0]]
+
+
+class PaddedSharedDown(lmf.KimiK3MoEBlock):
+    def shared(self, x_s: torch.Tensor) -> torch.Tensor:
+        g, u = F.linear(x_s, self.shared_w13).chunk(2, dim=-1)
+        act = situ_activation(g, u, self.cfg.situ_beta, self.cfg.situ_linear_beta)
+        return _row_padded_mm(act, self.shared_w2)
+
+
+class PaddedEverywhere(PaddedSharedDown):
+    """Also the up-projection (inside the block) and an extra matmul after it (outside: stays padded)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.routed(x)
+        y_n = F.rms_norm(y, (y.shape[-1],), self.norm_weight, self.cfg.rms_norm_eps)
+        out = _row_padded_mm(y_n, self.w_up) + self.shared(x)
+        return _row_padded_mm(out, self.w_after)
+
+
+def _plain_block_ops(x) -> Counter:
+    """Ops of the same block, written without padding, after the pass."""
+    fusion_pass = lmf.LatentMoEFusionPass()
+    compiled(lmf.KimiK3MoEBlock(CFG, dtype=BF16), fusion_pass)(x)
+    assert fusion_pass.report.matched == 1
+    return fusion_pass.report.ops_after
+
+
+def test_row_padded_shared_down_projection_is_fused(rng_seed):
+    model = PaddedSharedDown(CFG, dtype=BF16, seed=rng_seed % 1000)
+    x = torch.randn(3, CFG.hidden_size, dtype=BF16)
+    fusion_pass = lmf.LatentMoEFusionPass()
+    out = compiled(model, fusion_pass)(x)
+    report = fusion_pass.report
+    assert report.matched == 1, report.summary()
+    assert report.unpadded_matmuls == 1
+    assert "1 row-padded matmul(s) fused" in report.summary()
+    ops = report.ops_after
+    assert ops[PRODUCER] == 1 and ops[TAIL] == 1
+    assert ops == _plain_block_ops(x)  # nothing of the padded chain is left
+    assert rel_l2(out, model(x)) < 1e-2
+
+
+def test_padding_outside_the_block_is_restored(rng_seed):
+    model = PaddedEverywhere(CFG, dtype=BF16, seed=rng_seed % 1000)
+    model.w_after = torch.nn.Parameter(torch.randn(CFG.hidden_size, CFG.hidden_size, dtype=BF16) * 0.05,
+                                       requires_grad=False)
+    x = torch.randn(2, CFG.hidden_size, dtype=BF16)
+    fusion_pass = lmf.LatentMoEFusionPass()
+    out = compiled(model, fusion_pass)(x)
+    report = fusion_pass.report
+    assert report.matched == 1, report.summary()
+    assert report.unpadded_matmuls == 2  # the up-projection and the shared down-projection
+    # the matmul after the block keeps its padded form: one pad, its mm, one slice (and w_after's permute)
+    extra = Counter({"aten.constant_pad_nd.default": 1, "aten.mm.default": 1, "aten.slice.Tensor": 1,
+                     "aten.permute.default": 1})
+    assert report.ops_after == _plain_block_ops(x) + extra
+    assert rel_l2(out, model(x)) < 1e-2
+
+
+def test_a_rejected_block_keeps_its_padding(monkeypatch):
+    monkeypatch.setenv("LMF_DISABLE_FUSION", "1")
+    model = PaddedSharedDown(CFG, dtype=BF16)
+    x = torch.randn(3, CFG.hidden_size, dtype=BF16)
+    fusion_pass = lmf.LatentMoEFusionPass()
+    compiled(model, fusion_pass)(x)
+    report = fusion_pass.report
+    assert report.matched == 0 and report.unpadded_matmuls == 0
+    assert report.ops_after == report.ops_before  # graph exactly as it came
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_kimi_block_is_fused_at_every_small_decode_size(m):
+    """On a GPU pad_mm really runs (and benchmarks); the block must be fused whatever it pads."""
+    cfg = lmf.KimiK3MoEConfig().replace(shared_intermediate_size=768)
+    model = lmf.KimiK3MoEBlock(cfg, weight_format="mxfp4", dtype=BF16, device="cuda", ep_size=8, router_gemm="bf16")
+    fusion_pass = lmf.LatentMoEFusionPass()
+    post_grad(model, (torch.randn(m, cfg.hidden_size, dtype=BF16, device="cuda"),), fusion_pass)
+    assert fusion_pass.report.matched == 1, fusion_pass.report.summary()
+    print(f"M = {m}: {fusion_pass.report.unpadded_matmuls} row-padded matmul(s) fused")
