@@ -88,7 +88,7 @@ def resolve_config(
 
 SHARED_ENV = "LMF_REGS_SHARED"  # override: side | cublas | cublas_side
 SHARED_STRATEGIES = ("side", "cublas", "cublas_side")
-SHARED_SIDE_MAX_TOKENS = 2  # up to here: the Triton shared grids on the side stream
+SHARED_SIDE_MAX_TOKENS = 4  # up to here: the Triton shared grids on the side stream
 SHARED_CUBLAS_SIDE_MAX_TOKENS = 16  # up to here: cuBLAS on the side stream; beyond: cuBLAS in line
 GRID_SHARED_ENV = "LMF_GRID_SHARED"  # override for the Triton routed grids: grid | cublas
 GRID_SHARED_STRATEGIES = ("grid", "cublas")
@@ -103,8 +103,9 @@ def shared_strategy(m_s: int) -> str:
     The routed kernels are issue-bound, so a concurrent shared expert slows them: overlap pays only
     for a few tokens. H200, whole block compiled + fused in CUDA graphs, the three placements timed in
     one process, side / cublas_side / cublas (us; bench/results/shared_strategy.md):
-    M = 1: 107.6 / 109.6 / 116.4, M = 2: 118.8 / 133.2 / 127.5, M = 8: 186.1 / 182.8 / 189.3,
-    M = 12: 227.3 / 224.3 / 230.1, M = 16: 259.0 / 255.5 / 263.5, M = 32: 327.3 / 348.6 / 323.4.
+    M = 1: 109.0 / 110.5 / 117.7, M = 2: 120.8 / 135.1 / 128.8, M = 4: 159.8 / 166.7 / 170.8,
+    M = 8: 185.7 / 182.3 / 189.6, M = 12: 225.9 / 219.3 / 227.0, M = 16: 253.5 / 251.8 / 260.1,
+    M = 32: 322.6 / 346.5 / 316.6.
     """
     forced = os.environ.get(SHARED_ENV)
     if forced:
