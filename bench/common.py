@@ -58,6 +58,26 @@ def time_ms(fn: Callable[[], Any], warmup: int = 10, iters: int = 50) -> float:
     return times[len(times) // 2]
 
 
+def time_interleaved_ms(fns: dict[str, Callable[[], Any]], rounds: int = 5, iters: int = 4) -> dict[str, float]:
+    """Median ms per call of each fn, timed in alternating rounds (each round: `iters` calls of every fn
+    in turn, CUDA events around each), so that clock and thermal drift during the run hits all of them
+    alike. For runs too long for a CUDA graph (prefill)."""
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(iters):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                samples[name].append(start.elapsed_time(end))
+    return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
+
+
 def time_graph_ms(step: Callable[[int], Any], num_sets: int, replays: int = 20, warmup: int = 3) -> float:
     """Median ms per call of step(i) over rotating input sets i, replayed from one CUDA graph.
 

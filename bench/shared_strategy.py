@@ -1,8 +1,11 @@
-"""Where the shared expert should run beside the register-dequant routed kernels (decode), measured on
-the whole block: compiled + fused in CUDA graphs, each placement of `LMF_REGS_SHARED` (side, cublas_side,
-cublas) captured and timed in the same process, in alternating rounds (separate processes differ by up
-to ~10 us at M = 1: the rotating inputs route to different experts). Feeds the rule in
-`ops/triton_kernels/expert_schedule.shared_strategy`.
+"""Where the shared expert should run, measured on the whole block (compiled + fused), every placement
+timed in the same process in alternating rounds (separate processes differ by up to ~10 us at M = 1:
+the rotating inputs route to different experts).
+
+Decode (beside the register-dequant routed kernels): each `LMF_REGS_SHARED` placement (side,
+cublas_side, cublas) captured in CUDA graphs; feeds `expert_schedule.shared_strategy`. Prefill (the
+Triton routed grids, no graph): `LMF_GRID_SHARED` grid or cublas, CUDA events in alternating rounds;
+feeds `expert_schedule.grid_shared_strategy`.
 
     PYTHONPATH=. python3 bench/shared_strategy.py --out bench/results
 """
@@ -21,16 +24,45 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import latent_moe_fusion as lmf  # noqa: E402
 from bench.block import compiled  # noqa: E402
-from bench.common import environment, rel_l2, time_graph_ms, write_results  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import SHARED_ENV, SHARED_STRATEGIES, shared_strategy  # noqa: E402
+from bench.common import environment, rel_l2, time_graph_ms, time_interleaved_ms, write_results  # noqa: E402
+from latent_moe_fusion.ops.triton_kernels.expert_schedule import (  # noqa: E402
+    GRID_SHARED_ENV,
+    GRID_SHARED_STRATEGIES,
+    SHARED_ENV,
+    SHARED_STRATEGIES,
+    grid_shared_strategy,
+    shared_strategy,
+)
 
 DECODE_M = (1, 2, 4, 8, 12, 16, 32)
+PREFILL_M = (4096,)
+
+
+def prefill_row(m: int, plain, fused, block, cfg, rounds: int) -> dict:
+    x = torch.randn(m, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    ref = block(x)
+    row = {"M": m, "default": grid_shared_strategy(m)}
+
+    def placed(strategy: str):
+        def run():
+            os.environ[GRID_SHARED_ENV] = strategy  # read at every call (no graph at prefill)
+            return fused(x)
+        return run
+
+    for strategy in GRID_SHARED_STRATEGIES:
+        row[f"{strategy}_err"] = rel_l2(placed(strategy)(), ref)
+    fns = {"compiled": lambda: plain(x)} | {s: placed(s) for s in GRID_SHARED_STRATEGIES}
+    row |= {f"{name}_us": 1e3 * ms for name, ms in time_interleaved_ms(fns, rounds=rounds * 3).items()}
+    os.environ.pop(GRID_SHARED_ENV)
+    row["best"] = min(GRID_SHARED_STRATEGIES, key=lambda s: row[f"{s}_us"])
+    return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--m", type=int, nargs="+", default=list(DECODE_M))
+    ap.add_argument("--prefill-m", type=int, nargs="*", default=list(PREFILL_M))
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -41,7 +73,7 @@ def main() -> None:
                                ep_size=8, ep_rank=0, router_gemm="bf16")
     plain, _ = compiled(block, False)
     fused, fpass = compiled(block, True)
-    forced = os.environ.pop(SHARED_ENV, None)
+    forced = {env: os.environ.pop(env, None) for env in (SHARED_ENV, GRID_SHARED_ENV)}
     rows = []
     for m in args.m:
         xs = [torch.randn(m, cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
@@ -60,14 +92,17 @@ def main() -> None:
         row["best"] = min(SHARED_STRATEGIES, key=lambda s: row[f"{s}_us"])
         rows.append(row)
         print(row, flush=True)
-    if forced is not None:
-        os.environ[SHARED_ENV] = forced
+    for m in args.prefill_m:
+        rows.append(prefill_row(m, plain, fused, block, cfg, args.rounds) | {"matched": fpass.report.matched})
+        print(rows[-1], flush=True)
+    os.environ.update({env: value for env, value in forced.items() if value is not None})
     meta = environment() | {
         "config": "Kimi K3 one rank of TP8/EP8: 112/896 experts MXFP4, top-16, shared 768, R=1, router GEMM bf16",
-        "timing": f"CUDA graph replay over 4 rotating inputs, median of {args.rounds} alternating rounds",
+        "timing": f"decode: CUDA graph replay over 4 rotating inputs, median of {args.rounds} alternating rounds; "
+                  f"prefill: CUDA events, median of {3 * args.rounds} alternating rounds of 4 calls",
     }
-    cols = ["M", "compiled_us", "side_us", "cublas_side_us", "cublas_us", "best", "default", "matched",
-            "side_err", "cublas_side_err", "cublas_err"]
+    cols = ["M", "compiled_us", "side_us", "cublas_side_us", "grid_us", "cublas_us", "best", "default", "matched",
+            "side_err", "cublas_side_err", "grid_err", "cublas_err"]
     write_results("shared_strategy", rows, cols, meta, args.out)
 
 

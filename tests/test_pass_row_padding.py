@@ -43,7 +43,7 @@ class PaddedEverywhere(PaddedSharedDown):
 def _plain_block_ops(x) -> Counter:
     """Ops of the same block, written without padding, after the pass."""
     fusion_pass = lmf.LatentMoEFusionPass()
-    compiled(lmf.KimiK3MoEBlock(CFG, dtype=BF16), fusion_pass)(x)
+    post_grad(lmf.KimiK3MoEBlock(CFG, dtype=BF16), (x,), fusion_pass)
     assert fusion_pass.report.matched == 1
     return fusion_pass.report.ops_after
 
@@ -69,7 +69,7 @@ def test_padding_outside_the_block_is_restored(rng_seed):
                                        requires_grad=False)
     x = torch.randn(2, CFG.hidden_size, dtype=BF16)
     fusion_pass = lmf.LatentMoEFusionPass()
-    out = compiled(model, fusion_pass)(x)
+    post_grad(model, (x,), fusion_pass)  # the graph is the point here; numerics: the test above
     report = fusion_pass.report
     assert report.matched == 1, report.summary()
     assert report.unpadded_matmuls == 2  # the up-projection and the shared down-projection
@@ -77,7 +77,6 @@ def test_padding_outside_the_block_is_restored(rng_seed):
     extra = Counter({"aten.constant_pad_nd.default": 1, "aten.mm.default": 1, "aten.slice.Tensor": 1,
                      "aten.permute.default": 1})
     assert report.ops_after == _plain_block_ops(x) + extra
-    assert rel_l2(out, model(x)) < 1e-2
 
 
 def test_a_rejected_block_keeps_its_padding(monkeypatch):
@@ -85,7 +84,7 @@ def test_a_rejected_block_keeps_its_padding(monkeypatch):
     model = PaddedSharedDown(CFG, dtype=BF16)
     x = torch.randn(3, CFG.hidden_size, dtype=BF16)
     fusion_pass = lmf.LatentMoEFusionPass()
-    compiled(model, fusion_pass)(x)
+    post_grad(model, (x,), fusion_pass)
     report = fusion_pass.report
     assert report.matched == 0 and report.unpadded_matmuls == 0
     assert report.ops_after == report.ops_before  # graph exactly as it came

@@ -179,9 +179,17 @@ def test_shared_expert_by_library_before_the_routed_grid(weight_format, monkeypa
 
 
 def test_grid_shared_override_rejects_unknown_values(monkeypatch):
-    from latent_moe_fusion.ops.triton_kernels.expert_schedule import GRID_SHARED_ENV, grid_shared_strategy
+    from latent_moe_fusion.ops.triton_kernels.expert_schedule import (
+        GRID_SHARED_ENV,
+        GRID_SHARED_MAX_TOKENS,
+        grid_shared_strategy,
+    )
 
-    assert grid_shared_strategy() == "grid"
+    monkeypatch.delenv(GRID_SHARED_ENV, raising=False)
+    assert grid_shared_strategy(1) == grid_shared_strategy(GRID_SHARED_MAX_TOKENS) == "grid"
+    assert grid_shared_strategy(GRID_SHARED_MAX_TOKENS + 1) == "cublas"
+    monkeypatch.setenv(GRID_SHARED_ENV, "grid")
+    assert grid_shared_strategy(4096) == "grid"
     monkeypatch.setenv(GRID_SHARED_ENV, "side")
     with pytest.raises(ValueError, match="LMF_GRID_SHARED='side': expected one of grid, cublas"):
-        grid_shared_strategy()
+        grid_shared_strategy(1)

@@ -92,6 +92,7 @@ SHARED_SIDE_MAX_TOKENS = 4  # up to here: the Triton shared grids on the side st
 SHARED_CUBLAS_SIDE_MAX_TOKENS = 16  # up to here: cuBLAS on the side stream; beyond: cuBLAS in line
 GRID_SHARED_ENV = "LMF_GRID_SHARED"  # override for the Triton routed grids: grid | cublas
 GRID_SHARED_STRATEGIES = ("grid", "cublas")
+GRID_SHARED_MAX_TOKENS = 256  # prefill beyond: cuBLAS (measured at 4096); decode sizes keep one launch
 
 
 def shared_strategy(m_s: int) -> str:
@@ -103,9 +104,9 @@ def shared_strategy(m_s: int) -> str:
     The routed kernels are issue-bound, so a concurrent shared expert slows them: overlap pays only
     for a few tokens. H200, whole block compiled + fused in CUDA graphs, the three placements timed in
     one process, side / cublas_side / cublas (us; bench/results/shared_strategy.md):
-    M = 1: 109.0 / 110.5 / 117.7, M = 2: 120.8 / 135.1 / 128.8, M = 4: 159.8 / 166.7 / 170.8,
-    M = 8: 185.7 / 182.3 / 189.6, M = 12: 225.9 / 219.3 / 227.0, M = 16: 253.5 / 251.8 / 260.1,
-    M = 32: 322.6 / 346.5 / 316.6.
+    M = 1: 108.1 / 109.1 / 116.6, M = 2: 119.3 / 133.5 / 127.4, M = 4: 158.8 / 166.4 / 169.7,
+    M = 8: 187.4 / 184.2 / 190.2, M = 12: 226.9 / 220.7 / 227.9, M = 16: 251.8 / 249.9 / 258.2,
+    M = 32: 320.5 / 345.3 / 314.4.
     """
     forced = os.environ.get(SHARED_ENV)
     if forced:
@@ -117,15 +118,17 @@ def shared_strategy(m_s: int) -> str:
     return "cublas_side" if m_s <= SHARED_CUBLAS_SIDE_MAX_TOKENS else "cublas"
 
 
-def grid_shared_strategy() -> str:
+def grid_shared_strategy(m_s: int) -> str:
     """Where the shared expert runs when the routed tiles are on the Triton grids: inside them ("grid",
-    one launch per layer), or as cuBLAS GEMMs before them ("cublas")."""
+    one launch per layer), or as cuBLAS GEMMs before them ("cublas", beyond GRID_SHARED_MAX_TOKENS).
+    H200, whole block at M = 4096 in alternating rounds (bench/results/shared_strategy.md): grid 4622 us,
+    cublas 4562 us; the grid's shared tiles took ~270 us against ~190 us for cuBLAS (block_kernels.md)."""
     forced = os.environ.get(GRID_SHARED_ENV)
     if forced:
         if forced not in GRID_SHARED_STRATEGIES:
             raise ValueError(f"{GRID_SHARED_ENV}={forced!r}: expected one of {', '.join(GRID_SHARED_STRATEGIES)}")
         return forced
-    return "grid"
+    return "cublas" if m_s > GRID_SHARED_MAX_TOKENS else "grid"
 
 
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
@@ -210,7 +213,7 @@ def run_experts(
 
     shared_how = "none"
     if shared is not None and shared.x_s.shape[0] > 0:
-        shared_how = shared_strategy(shared.x_s.shape[0]) if regs else grid_shared_strategy()
+        shared_how = shared_strategy(shared.x_s.shape[0]) if regs else grid_shared_strategy(shared.x_s.shape[0])
     if shared_how in ("side", "grid"):
         x_s, w1_s, w3_s, w2_s, s_out = shared.x_s, shared.w1_s, shared.w3_s, shared.w2_s, shared.out
         m_s, hidden = x_s.shape
