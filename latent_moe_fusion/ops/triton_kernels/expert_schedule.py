@@ -6,10 +6,12 @@
   3. l2_kernel         routed down -> FP32 pair rows  and  shared down -> fragments (one grid)
   4. combine_kernel    FP32 top-k sum in slot order, one rounding, RMSNorm fused
 Every size that shapes a grid or buffer is known on the host; nothing reads device data back.
+Beyond GRID_SHARED_MAX_TOKENS the shared expert runs as cuBLAS GEMMs before the grids instead
+(grid_shared_strategy).
 
 MXFP4 decode on sm_90: the routed tiles of 2 and 3 run on the Gluon register-dequant kernels
-(ops/gluon_kernels) instead; the shared expert runs either in the Triton grids alone on a side stream
-(overlapping the routed kernels; few tokens) or as cuBLAS GEMMs (shared_strategy).
+(ops/gluon_kernels) instead; the shared expert runs in the Triton grids alone or as cuBLAS GEMMs, on a
+side stream or in line, by token count (shared_strategy).
 """
 
 from __future__ import annotations
