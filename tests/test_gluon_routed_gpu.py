@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from latent_moe_fusion.ops.gluon_kernels import ENV_SWITCH, regs_path_reason
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import SharedExpert, run_experts
+from latent_moe_fusion.ops.triton_kernels.expert_schedule import SHARED_ENV, SharedExpert, run_experts, shared_strategy
 from latent_moe_fusion.ops.triton_kernels.producer_config import decode_block_m
 from tests.expert_problems import BETA, EPS, LIN_BETA, make_problem, rel_l2, tolerance
 from tests.float64_reference import routed64
@@ -54,12 +54,13 @@ def test_routed_matches_float64_and_triton(sizes, m, routing, monkeypatch, rng_s
 
 @pytest.mark.parametrize("m", [1, 8])
 def test_shared_expert_on_the_side_stream(m, monkeypatch, rng_seed):
-    """Up to 16 tokens the shared tiles run the Triton kernels alone on a side stream: fragments as the
-    unfused block rounds them, bitwise equal to the one-grid path where both use the same shared
-    tiles (M = 8; at M = 1 the one-grid config splits K, which changes the FP32 summation order), and
-    the RMS-normalised routed output within bf16 tolerance of it."""
+    """The shared tiles on the Triton kernels alone on a side stream (the default up to 4 tokens, forced
+    here): fragments as the unfused block rounds them, bitwise equal to the one-grid path where both use
+    the same shared tiles (M = 8; at M = 1 the one-grid config splits K, which changes the FP32
+    summation order), and the RMS-normalised routed output within bf16 tolerance of it."""
     from latent_moe_fusion.ops.math import shared_expert_math
 
+    monkeypatch.setenv(SHARED_ENV, "side")
     p = make_problem(m, weight_format="mxfp4", device="cuda", **KIMI_RANK)
     y, s_out = _run(p, True, monkeypatch, regs=True)
     y_triton, s_triton = _run(p, True, monkeypatch, regs=False)
@@ -69,12 +70,16 @@ def test_shared_expert_on_the_side_stream(m, monkeypatch, rng_seed):
     assert rel_l2(y, y_triton) < tolerance(torch.bfloat16)
 
 
-def test_shared_expert_by_cublas_past_the_side_stream_tokens(monkeypatch, rng_seed):
-    """From 17 shared tokens on, the shared expert runs as cuBLAS GEMMs: fragments within bf16
-    tolerance of the Triton grid's, and the routed output unchanged."""
+@pytest.mark.parametrize("m", [8, 32])
+def test_shared_expert_by_cublas_past_the_side_stream_tokens(m, monkeypatch, rng_seed):
+    """From 5 shared tokens on, the shared expert runs as cuBLAS GEMMs (on the side stream up to 16
+    tokens, in line beyond): fragments within bf16 tolerance of the Triton grid's, and the routed output
+    unchanged."""
     from latent_moe_fusion.ops.math import shared_expert_math
 
-    p = make_problem(32, weight_format="mxfp4", device="cuda", **KIMI_RANK)
+    monkeypatch.delenv(SHARED_ENV, raising=False)
+    assert shared_strategy(m) == ("cublas_side" if m <= 16 else "cublas")
+    p = make_problem(m, weight_format="mxfp4", device="cuda", **KIMI_RANK)
     y, s_out = _run(p, True, monkeypatch, regs=True)
     y_triton, s_triton = _run(p, True, monkeypatch, regs=False)
     assert rel_l2(s_out, s_triton) < tolerance(torch.bfloat16)
