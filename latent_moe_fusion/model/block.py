@@ -23,8 +23,9 @@ class KimiK3MoEBlock(nn.Module):
     the shared expert all-gathers x and reduce-scatters its output. Beyond DESIGN.md:
     shared_gate_up ('merged' one [2 I_s/R, H] matmul, or 'split' two), rms_norm ('functional'
     F.rms_norm or 'manual' float32 form), router_gemm ('fp32' the HF reference, or 'bf16' a BF16
-    tensor-core GEMM with FP32 logits on CUDA, as serving engines run it: see router.router_logits), and ep_size/ep_rank (this rank keeps experts
-    ep_rank*E/ep_size.. and skips the rest: for single-GPU benchmarks of one EP share).
+    tensor-core GEMM with FP32 logits on CUDA, as serving engines run it: see router.router_logits),
+    and ep_size/ep_rank (this rank keeps experts ep_rank*E/ep_size.. and skips the rest: for
+    single-GPU benchmarks of one EP share).
     """
 
     def __init__(

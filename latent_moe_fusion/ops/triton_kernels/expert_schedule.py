@@ -97,6 +97,14 @@ GRID_SHARED_STRATEGIES = ("grid", "cublas")
 GRID_SHARED_MAX_TOKENS = 256  # prefill beyond: cuBLAS (measured at 4096); decode sizes keep one launch
 
 
+def _forced(env: str, choices: tuple[str, ...]) -> str | None:
+    """The placement an environment variable forces (None when unset); an unknown one raises."""
+    forced = os.environ.get(env)
+    if forced and forced not in choices:
+        raise ValueError(f"{env}={forced!r}: expected one of {', '.join(choices)}")
+    return forced or None
+
+
 def shared_strategy(m_s: int) -> str:
     """Where the shared expert runs next to the register-dequant routed kernels.
 
@@ -110,10 +118,8 @@ def shared_strategy(m_s: int) -> str:
     M = 8: 187.4 / 184.2 / 190.2, M = 12: 226.9 / 220.7 / 227.9, M = 16: 251.8 / 249.9 / 258.2,
     M = 32: 320.5 / 345.3 / 314.4.
     """
-    forced = os.environ.get(SHARED_ENV)
+    forced = _forced(SHARED_ENV, SHARED_STRATEGIES)
     if forced:
-        if forced not in SHARED_STRATEGIES:
-            raise ValueError(f"{SHARED_ENV}={forced!r}: expected one of {', '.join(SHARED_STRATEGIES)}")
         return forced
     if m_s <= SHARED_SIDE_MAX_TOKENS:
         return "side"
@@ -125,10 +131,8 @@ def grid_shared_strategy(m_s: int) -> str:
     one launch per layer), or as cuBLAS GEMMs before them ("cublas", beyond GRID_SHARED_MAX_TOKENS).
     H200, whole block at M = 4096 in alternating rounds (bench/results/shared_strategy.md): grid 4622 us,
     cublas 4562 us; the grid's shared tiles took ~270 us against ~190 us for cuBLAS (block_kernels.md)."""
-    forced = os.environ.get(GRID_SHARED_ENV)
+    forced = _forced(GRID_SHARED_ENV, GRID_SHARED_STRATEGIES)
     if forced:
-        if forced not in GRID_SHARED_STRATEGIES:
-            raise ValueError(f"{GRID_SHARED_ENV}={forced!r}: expected one of {', '.join(GRID_SHARED_STRATEGIES)}")
         return forced
     return "cublas" if m_s > GRID_SHARED_MAX_TOKENS else "grid"
 
