@@ -31,7 +31,13 @@ class PaddedSharedDown(lmf.KimiK3MoEBlock):
 
 
 class PaddedEverywhere(PaddedSharedDown):
-    """Also the up-projection (inside the block) and an extra matmul after it (outside: stays padded)."""
+    """Every matmul of the rewritten part padded (shared gate/up and down, up-projection), and an extra
+    matmul after the block (outside: stays padded)."""
+
+    def shared(self, x_s: torch.Tensor) -> torch.Tensor:
+        g, u = _row_padded_mm(x_s, self.shared_w13).chunk(2, dim=-1)
+        act = situ_activation(g, u, self.cfg.situ_beta, self.cfg.situ_linear_beta)
+        return _row_padded_mm(act, self.shared_w2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.routed(x)
@@ -72,7 +78,7 @@ def test_padding_outside_the_block_is_restored(rng_seed):
     post_grad(model, (x,), fusion_pass)  # the graph is the point here; numerics: the test above
     report = fusion_pass.report
     assert report.matched == 1, report.summary()
-    assert report.unpadded_matmuls == 2  # the up-projection and the shared down-projection
+    assert report.unpadded_matmuls == 3  # shared gate/up and down, up-projection
     # the matmul after the block keeps its padded form: one pad, its mm, one slice (and w_after's permute)
     extra = Counter({"aten.constant_pad_nd.default": 1, "aten.mm.default": 1, "aten.slice.Tensor": 1,
                      "aten.permute.default": 1})
