@@ -21,7 +21,7 @@ from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from ..patterns import FORMS, PatternSpec
-from . import row_padding
+from . import mm_padding
 from .candidates import Candidate, Reject, find_candidates
 from .capabilities import DISABLE_ENV, Capabilities, agree_capabilities
 from .checks import check_candidate
@@ -55,12 +55,12 @@ class LatentMoEFusionPass(CustomGraphPass):
     # -- the pass ----------------------------------------------------------------------------
     def __call__(self, graph: fx.Graph) -> None:
         report = FusionReport(nodes_before=len(graph.nodes), ops_before=op_counts(graph))
-        padded = row_padding.expose(graph)  # matmuls Inductor padded, seen as plain ones (row_padding.py)
+        padded = mm_padding.expose(graph)  # matmuls Inductor padded, seen as plain ones (mm_padding.py)
         candidates = find_candidates(graph, self.config)
         accepted = self._decide(candidates, report)
         if accepted:
             self._rewrite(graph, accepted)
-        report.unpadded_matmuls = row_padding.settle(graph, padded)
+        report.unpadded_matmuls = mm_padding.settle(graph, padded)
         if accepted or padded:
             graph.lint()
         remaining = set(graph.nodes)

@@ -26,7 +26,7 @@ class FusionReport:
     nodes_after: int = 0
     ops_before: Counter = field(default_factory=Counter)  # call_function target name -> count
     ops_after: Counter = field(default_factory=Counter)
-    unpadded_matmuls: int = 0  # row-padded (pad_mm) matmuls inside fused blocks, see row_padding.py
+    unpadded_matmuls: int = 0  # pad_mm-padded matmuls inside fused blocks, see mm_padding.py
 
     def ops_removed(self) -> Counter:
         return self.ops_before - self.ops_after
@@ -37,7 +37,7 @@ class FusionReport:
     def summary(self) -> str:
         lines = [f"latent-moe fusion: {self.matched} block(s) rewritten, {len(self.rejected)} left alone; "
                  f"post-grad nodes {self.nodes_before} -> {self.nodes_after}"
-                 + (f"; {self.unpadded_matmuls} row-padded matmul(s) fused" if self.unpadded_matmuls else "")]
+                 + (f"; {self.unpadded_matmuls} padded matmul(s) fused" if self.unpadded_matmuls else "")]
         lines += [f"  fused    {b.where}: {b.form} (mode {b.mode}, group {b.group_name}) [{b.variant}]" for b in self.blocks]
         lines += [f"  rejected {where}: {reason}" for where, reason in self.rejected]
         if self.matched:
