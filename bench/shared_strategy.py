@@ -1,6 +1,7 @@
 """Where the shared expert should run, measured on the whole block (compiled + fused), every placement
-timed in the same process in alternating rounds (separate processes differ by up to ~10 us at M = 1:
-the rotating inputs route to different experts).
+timed in the same process in alternating rounds. Separate processes of the same script and seed have
+differed by up to ~10 us at M = 1 (cause not identified), and scripts that draw different inputs differ
+more, since each input routes to its own experts.
 
 Decode (beside the register-dequant routed kernels): each `LMF_REGS_SHARED` placement (side,
 cublas_side, cublas) captured in CUDA graphs; feeds `expert_schedule.shared_strategy`. Prefill (the
