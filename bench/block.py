@@ -6,8 +6,8 @@ measures one rank's compute). Decode sizes run inside CUDA graphs with rotating 
 (M = 4096) runs without. The floor is the bytes the block must read once (router, down and up
 projections, shared weights, the experts actually hit, activations) over the measured copy
 bandwidth, or its FLOPs over the measured BF16 rate, whichever is larger; at decode it is the mean
-over the rotating input sets the timing averages over (each routes to its own experts). The router runs as serving
-engines run it (a BF16 GEMM with FP32 logits; `--router-gemm fp32` runs the HF reference's FP32 GEMM,
+over the rotating input sets the timing averages over (each routes to its own experts). The router
+runs as serving engines run it (a BF16 GEMM with FP32 logits; `--router-gemm fp32` runs the HF reference's FP32 GEMM,
 which the floor's byte count also covers only at BF16 weight size).
 
 The pass rewrites only the shared expert, the RMSNorm, the up-projection and the add; the router, the
@@ -101,8 +101,9 @@ def main() -> None:
         # Decode times the mean over the rotating sets, and each set routes to its own experts: the floor
         # is the mean over the same sets (prefill times xs[0] only).
         timed_sets = xs if m <= 128 else xs[:1]
-        nbytes, flops = (sum(v) / len(timed_sets) for v in zip(*(block_bytes_and_flops(block, x) for x in timed_sets),
-                                                               strict=True))
+        per_set = [block_bytes_and_flops(block, x) for x in timed_sets]
+        nbytes = sum(b for b, _ in per_set) / len(per_set)
+        flops = sum(f for _, f in per_set) / len(per_set)
         floor_us = max(nbytes / ceilings["copy_bytes_per_s"], flops / ceilings["bf16_flop_per_s"]) * 1e6
         ref = block(xs[0])
         row = {"M": m, "floor_us": floor_us, "bytes_MB": nbytes / 1e6, "GFLOP": flops / 1e9}

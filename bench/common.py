@@ -41,20 +41,22 @@ def environment() -> dict[str, Any]:
     return info
 
 
+def _event_ms(fn: Callable[[], Any]) -> float:
+    """Milliseconds of one fn() between two CUDA events on the current stream."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def time_ms(fn: Callable[[], Any], warmup: int = 10, iters: int = 50) -> float:
     """Median milliseconds of fn() with CUDA events around each call (warm, not graph-captured)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
+    times = sorted(_event_ms(fn) for _ in range(iters))
     return times[len(times) // 2]
 
 
@@ -68,13 +70,7 @@ def time_interleaved_ms(fns: dict[str, Callable[[], Any]], rounds: int = 5, iter
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            for _ in range(iters):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                samples[name].append(start.elapsed_time(end))
+            samples[name] += [_event_ms(fn) for _ in range(iters)]
     return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
 
 
