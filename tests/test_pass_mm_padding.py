@@ -71,48 +71,39 @@ def _plain_block_ops(x) -> Counter:
     return fusion_pass.report.ops_after
 
 
-def test_row_padded_shared_down_projection_is_fused(rng_seed):
-    model = PaddedSharedDown(CFG, dtype=BF16, seed=rng_seed % 1000)
-    x = torch.randn(3, CFG.hidden_size, dtype=BF16)
+def _fused_like_the_plain_block(model, tokens: int, padded: int, extra: Counter | None = None):
+    """Compile `model` with the pass and check: one block fused, `padded` padded matmuls taken unpadded,
+    the graph's ops those of the plain block (+ `extra`), numerics against eager. Returns the report."""
+    x = torch.randn(tokens, CFG.hidden_size, dtype=BF16)
     fusion_pass = lmf.LatentMoEFusionPass()
     out = compiled(model, fusion_pass)(x)
     report = fusion_pass.report
     assert report.matched == 1, report.summary()
-    assert report.unpadded_matmuls == 1
-    assert "1 padded matmul(s) fused" in report.summary()
-    ops = report.ops_after
-    assert ops[PRODUCER] == 1 and ops[TAIL] == 1
-    assert ops == _plain_block_ops(x)  # nothing of the padded chain is left
+    assert report.unpadded_matmuls == padded
+    assert report.ops_after == _plain_block_ops(x) + (extra or Counter())
     assert rel_l2(out, model(x)) < 1e-2
+    return report
+
+
+def test_row_padded_shared_down_projection_is_fused(rng_seed):
+    report = _fused_like_the_plain_block(PaddedSharedDown(CFG, dtype=BF16, seed=rng_seed % 1000), 3, padded=1)
+    assert "1 padded matmul(s) fused" in report.summary()
+    assert report.ops_after[PRODUCER] == 1 and report.ops_after[TAIL] == 1
 
 
 def test_k_and_column_padding_are_fused_too(rng_seed):
-    model = FullyPaddedShared(CFG, dtype=BF16, seed=rng_seed % 1000)
-    x = torch.randn(3, CFG.hidden_size, dtype=BF16)
-    fusion_pass = lmf.LatentMoEFusionPass()
-    out = compiled(model, fusion_pass)(x)
-    report = fusion_pass.report
-    assert report.matched == 1, report.summary()
-    assert report.unpadded_matmuls == 2
-    assert report.ops_after == _plain_block_ops(x)
-    assert rel_l2(out, model(x)) < 1e-2
+    _fused_like_the_plain_block(FullyPaddedShared(CFG, dtype=BF16, seed=rng_seed % 1000), 3, padded=2)
 
 
 def test_padding_outside_the_block_is_restored(rng_seed):
     model = PaddedEverywhere(CFG, dtype=BF16, seed=rng_seed % 1000)
     model.w_after = torch.nn.Parameter(torch.randn(CFG.hidden_size, CFG.hidden_size, dtype=BF16) * 0.05,
                                        requires_grad=False)
-    x = torch.randn(2, CFG.hidden_size, dtype=BF16)
-    fusion_pass = lmf.LatentMoEFusionPass()
-    out = compiled(model, fusion_pass)(x)  # the rebuilt chain must also compile and compute
-    report = fusion_pass.report
-    assert report.matched == 1, report.summary()
-    assert report.unpadded_matmuls == 3  # shared gate/up and down, up-projection
-    # the matmul after the block keeps its padded form: two pads, its mm, two slices (and w_after's permute)
+    # the matmul after the block keeps its padded form: two pads, its mm, two slices (and w_after's permute);
+    # the rebuilt chain must also compile and compute
     extra = Counter({"aten.constant_pad_nd.default": 2, "aten.mm.default": 1, "aten.slice.Tensor": 2,
                      "aten.permute.default": 1})
-    assert report.ops_after == _plain_block_ops(x) + extra
-    assert rel_l2(out, model(x)) < 1e-2
+    _fused_like_the_plain_block(model, 2, padded=3, extra=extra)  # shared gate/up and down, up-projection
 
 
 def test_a_rejected_block_keeps_its_padding(monkeypatch):
