@@ -72,6 +72,23 @@ def compiled(block, fused: bool):
     return torch.compile(block, options=options, dynamic=False), fpass
 
 
+def compile_afresh() -> None:
+    """Compiler settings for benchmarks that compile the block per variant and size."""
+    # Every (variant, size) pair is its own Dynamo compile of one forward: past the default limit of 8,
+    # Dynamo silently runs the block eagerly, which would pass eager timings off as compiled ones.
+    torch._dynamo.config.recompile_limit = 64
+    # A cached graph skips the pass, and its report then says 0 blocks matched: compile afresh.
+    torch._inductor.config.fx_graph_cache = False
+    torch._functorch.config.enable_autograd_cache = False
+
+
+def kimi_rank_block(router_gemm: str) -> lmf.KimiK3MoEBlock:
+    """One rank of Kimi K3 at TP8/EP8 on the GPU: MXFP4 experts 0-111 of 896, shared expert 768 wide."""
+    cfg = lmf.KimiK3MoEConfig().replace(shared_intermediate_size=768)
+    return lmf.KimiK3MoEBlock(cfg, weight_format="mxfp4", dtype=torch.bfloat16, device="cuda", seed=0,
+                              ep_size=8, ep_rank=0, router_gemm=router_gemm)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
@@ -81,16 +98,10 @@ def main() -> None:
                     help="the block's router GEMM (default bf16 with FP32 logits, as serving engines run it)")
     args = ap.parse_args()
     torch.manual_seed(0)
-    # Every (variant, size) pair is its own Dynamo compile of one forward: past the default limit of 8,
-    # Dynamo silently runs the block eagerly, which would pass eager timings off as compiled ones.
-    torch._dynamo.config.recompile_limit = 64
-    # A cached graph skips the pass, and its report then says 0 blocks matched: compile afresh.
-    torch._inductor.config.fx_graph_cache = False
-    torch._functorch.config.enable_autograd_cache = False
+    compile_afresh()
     ceilings = measure_ceilings()
-    cfg = lmf.KimiK3MoEConfig().replace(shared_intermediate_size=768)
-    block = lmf.KimiK3MoEBlock(cfg, weight_format="mxfp4", dtype=torch.bfloat16, device="cuda", seed=0,
-                               ep_size=8, ep_rank=0, router_gemm=args.router_gemm)
+    block = kimi_rank_block(args.router_gemm)
+    cfg = block.cfg
     variants = {"eager": (block, None), "compiled": compiled(block, False), "compiled+fused": compiled(block, True)}
     untouched = torch.compile(block.routed, dynamic=False)  # router + down-projection + routed op
     rows = []

@@ -23,8 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import latent_moe_fusion as lmf  # noqa: E402
-from bench.block import compiled  # noqa: E402
+from bench.block import compile_afresh, compiled, kimi_rank_block  # noqa: E402
 from bench.common import environment, rel_l2, time_graph_ms, time_interleaved_ms, write_results  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import (  # noqa: E402
     GRID_SHARED_ENV,
@@ -67,11 +66,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     torch.manual_seed(0)
-    torch._dynamo.config.recompile_limit = 64
-    torch._inductor.config.fx_graph_cache = False
-    cfg = lmf.KimiK3MoEConfig().replace(shared_intermediate_size=768)
-    block = lmf.KimiK3MoEBlock(cfg, weight_format="mxfp4", dtype=torch.bfloat16, device="cuda", seed=0,
-                               ep_size=8, ep_rank=0, router_gemm="bf16")
+    compile_afresh()
+    block = kimi_rank_block("bf16")
+    cfg = block.cfg
     plain, _ = compiled(block, False)
     fused, fpass = compiled(block, True)
     forced = {env: os.environ.pop(env, None) for env in (SHARED_ENV, GRID_SHARED_ENV)}
