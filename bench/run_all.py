@@ -23,6 +23,7 @@ BENCHMARKS = (
     ("regs_sass.py", (), None),
     ("shared_strategy.py", (), None),
     ("block.py", (), None),
+    ("host_gaps.py", (), None),  # why prefill wall time exceeds kernel time (GPU idle gaps)
     ("deepgemm_routed.py", ("--weight-format", "mxfp4"), "deep_gemm"),
     ("deepgemm_routed.py", ("--weight-format", "bf16"), "deep_gemm"),
 )
