@@ -120,3 +120,30 @@ def test_regs_split_must_be_two_positive_counts():
         producer_config.ProducerConfig(base.bm, base.l1, base.l2, regs_split=(0, 2))
     with pytest.raises(ValueError, match="regs_split must be two slice counts"):
         producer_config.ProducerConfig(base.bm, base.l1, base.l2, regs_split=(2,))
+
+
+def test_resolved_configs_are_memoised_and_follow_the_environment(sm90, monkeypatch):
+    """resolve_config caches its answer (host time per call); a change of any variable pick_config
+    reads, or of the weights' layout, must still change it."""
+    w13, w2 = _mxfp4_weights(True)
+    z = torch.zeros(1, 128, dtype=torch.bfloat16)
+    monkeypatch.delenv(producer_config.SHARED_TILES_ENV, raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    first = expert_schedule.resolve_config(z, 16, 2, "mxfp4", 64, None, None, w13, w2)
+    assert expert_schedule.resolve_config(z, 16, 2, "mxfp4", 64, None, None, w13, w2) is first
+    monkeypatch.setenv(producer_config.SHARED_TILES_ENV, "16x128")
+    narrow = expert_schedule.resolve_config(z, 16, 2, "mxfp4", 64, None, None, w13, w2)
+    assert narrow.l1.bn_shared == 16 and first.l1.bn_shared != 16
+    unfit, _ = _mxfp4_weights(False)
+    assert not expert_schedule.resolve_config(z, 16, 2, "mxfp4", 64, None, None, unfit, w2).l1.tma
+
+
+def test_config_context_covers_every_variable_pick_config_reads():
+    """The memo key (config_context) must list each environment variable producer_config reads."""
+    import inspect
+    import re
+
+    source = inspect.getsource(producer_config)
+    read = set(re.findall(r'os\.environ\.get\(([A-Z_]+|"[A-Z_]+")', source))
+    names = {r.strip('"') if r.startswith('"') else getattr(producer_config, r) for r in read}
+    assert names <= set(producer_config.CONFIG_ENVS), names - set(producer_config.CONFIG_ENVS)

@@ -154,12 +154,37 @@ def test_split_k_must_be_positive():
 
 
 @pytest.mark.parametrize("weight_format", ["bf16", "mxfp4"])
-def test_shared_expert_by_library_before_the_routed_grid(weight_format, monkeypatch, rng_seed):
-    """LMF_GRID_SHARED=cublas: the routed grid runs alone and the shared expert as library GEMMs; the
-    fragments and the normalised routed output match the reference and the one-grid path."""
-    from latent_moe_fusion.ops.triton_kernels.expert_schedule import GRID_SHARED_ENV
+def test_shared_expert_by_library_between_the_routed_grids(weight_format, monkeypatch, rng_seed):
+    """LMF_GRID_SHARED=cublas: the routed grids run alone and the shared expert as library GEMMs, launched
+    after the routed L1 (so that their host time overlaps L1 outside CUDA graphs); the fragments and the
+    normalised routed output match the reference and the one-grid path."""
+    from latent_moe_fusion.ops.triton_kernels import expert_schedule as es
 
+    GRID_SHARED_ENV = es.GRID_SHARED_ENV
     p = make_problem(9, weight_format=weight_format, routing="few_experts", device=DEVICE, **SIZES)
+    launches = []
+
+    class Recorded:
+        def __init__(self, kernel, name):
+            self.kernel, self.name = kernel, name
+
+        def __getitem__(self, grid):
+            launch = self.kernel[grid]
+
+            def run(*args, **kwargs):
+                launches.append(self.name)
+                return launch(*args, **kwargs)
+
+            return run
+
+    def library(*args, **kwargs):
+        launches.append("shared")
+        return shared_by_library(*args, **kwargs)
+
+    shared_by_library = es.shared_by_library
+    monkeypatch.setattr(es, "shared_by_library", library)
+    monkeypatch.setattr(es, "l1_kernel", Recorded(es.l1_kernel, "l1"))
+    monkeypatch.setattr(es, "l2_kernel", Recorded(es.l2_kernel, "l2"))
 
     def run():
         y = torch.full_like(p.z, float("nan"))
@@ -170,8 +195,10 @@ def test_shared_expert_by_library_before_the_routed_grid(weight_format, monkeypa
 
     monkeypatch.setenv(GRID_SHARED_ENV, "cublas")
     y, s_out = run()
+    assert launches == ["l1", "shared", "l2"]
     monkeypatch.setenv(GRID_SHARED_ENV, "grid")
     y_grid, s_grid = run()
+    assert launches[3:] == ["l1", "l2"]
     ref_y, ref_s = p.reference_producer()
     assert rel_l2(s_out, ref_s) < tolerance(torch.bfloat16) and rel_l2(y, ref_y) < tolerance(torch.bfloat16)
     assert torch.equal(y, y_grid)  # the routed rows do not depend on where the shared expert ran

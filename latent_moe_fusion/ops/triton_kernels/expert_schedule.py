@@ -6,7 +6,7 @@
   3. l2_kernel         routed down -> FP32 pair rows  and  shared down -> fragments (one grid)
   4. combine_kernel    FP32 top-k sum in slot order, one rounding, RMSNorm fused
 Every size that shapes a grid or buffer is known on the host; nothing reads device data back.
-Beyond GRID_SHARED_MAX_TOKENS the shared expert runs as cuBLAS GEMMs before the grids instead
+Beyond GRID_SHARED_MAX_TOKENS the shared expert runs as cuBLAS GEMMs between the two grids instead
 (grid_shared_strategy).
 
 MXFP4 decode on sm_90: the routed tiles of 2 and 3 run on the Gluon register-dequant kernels
@@ -17,6 +17,7 @@ side stream or in line, by token count (shared_strategy).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass, replace
 
@@ -27,7 +28,7 @@ from ..gluon_kernels import launch_routed_l1, launch_routed_l2, regs_path_reason
 from .combine import launch_combine
 from .expert_gemm import l1_kernel, l2_kernel
 from .moe_align import group_by_expert
-from .producer_config import ProducerConfig, interpreting, pick_config
+from .producer_config import ProducerConfig, config_context, interpreting, pick_config
 from .shared_by_library import shared_by_library
 from .split_k import launch_l1_finish
 from .weight_tiles import dot_precision
@@ -48,11 +49,21 @@ def _weight_strides(w: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.
     return scale, w.stride(0), w.stride(1), scale.stride(0), scale.stride(1)
 
 
-def _descriptor_fits(w: torch.Tensor, bk: int, mxfp4: bool) -> bool:
+def _layout(w: torch.Tensor) -> tuple[bool, int, int, int]:
+    """What decides whether a weight can take a tensor descriptor: contiguity, bytes per row, base
+    address modulo 16, element size."""
+    return w.is_contiguous(), w.shape[-1] * w.element_size(), w.data_ptr() % 16, w.element_size()
+
+
+def _layout_fits(layout: tuple[bool, int, int, int], bk: int, mxfp4: bool) -> bool:
     """The copy engine needs a contiguous weight with 16-byte aligned base and rows, and >= 16-byte tile rows."""
+    contiguous, row_bytes, base_mod_16, element_size = layout
     cols = bk // 2 if mxfp4 else bk
-    row_bytes = w.shape[-1] * w.element_size()
-    return w.is_contiguous() and row_bytes % 16 == 0 and w.data_ptr() % 16 == 0 and cols * w.element_size() >= 16
+    return contiguous and row_bytes % 16 == 0 and base_mod_16 == 0 and cols * element_size >= 16
+
+
+def _descriptor_fits(w: torch.Tensor, bk: int, mxfp4: bool) -> bool:
+    return _layout_fits(_layout(w), bk, mxfp4)
 
 
 def _weight_descriptor(w: torch.Tensor, bn: int, bk: int, mxfp4: bool):
@@ -77,14 +88,27 @@ def resolve_config(
     shared: SharedExpert | None, config: ProducerConfig | None, w13: torch.Tensor, w2: torch.Tensor,
 ) -> ProducerConfig:
     """The given config (a tma config the weights cannot serve raises), else pick_config's with its
-    K tiles fitted and TMA weight tiles dropped where the weights cannot take a descriptor."""
-    mxfp4 = weight_format == "mxfp4"
+    K tiles fitted and TMA weight tiles dropped where the weights cannot take a descriptor.
+
+    Memoised: working it out costs ~80 us of Python per call on the H200's host (dataclass copies),
+    which a prefill forward outside CUDA graphs pays as GPU idle time. The key holds every input,
+    the weights' layout and config_context() (the environment and device checks pick_config reads)."""
     shared_k = None if shared is None else (shared.x_s.shape[1], shared.w1_s.shape[0])
-    cfg = (config or pick_config(num_pairs, weight_format, z.dtype, num_experts)).with_k_dims(
-        (z.shape[1], inter), shared_k, mxfp4)
+    return _resolve_config(num_pairs, weight_format, z.dtype, num_experts, (z.shape[1], inter), shared_k, config,
+                           _layout(w13), _layout(w2), config_context())
+
+
+@functools.lru_cache(maxsize=512)
+def _resolve_config(
+    num_pairs: int, weight_format: str, dtype: torch.dtype, num_experts: int, routed_k: tuple[int, int],
+    shared_k: tuple[int, int] | None, config: ProducerConfig | None, w13_layout: tuple, w2_layout: tuple,
+    context: tuple,  # only a key: pick_config reads the same state itself
+) -> ProducerConfig:
+    mxfp4 = weight_format == "mxfp4"
+    cfg = (config or pick_config(num_pairs, weight_format, dtype, num_experts)).with_k_dims(routed_k, shared_k, mxfp4)
     if config is None:
-        cfg = replace(cfg, l1=replace(cfg.l1, tma=cfg.l1.tma and _descriptor_fits(w13, cfg.l1.bk, mxfp4)),
-                      l2=replace(cfg.l2, tma=cfg.l2.tma and _descriptor_fits(w2, cfg.l2.bk, mxfp4)))
+        cfg = replace(cfg, l1=replace(cfg.l1, tma=cfg.l1.tma and _layout_fits(w13_layout, cfg.l1.bk, mxfp4)),
+                      l2=replace(cfg.l2, tma=cfg.l2.tma and _layout_fits(w2_layout, cfg.l2.bk, mxfp4)))
     return cfg
 
 
@@ -109,7 +133,7 @@ def shared_strategy(m_s: int) -> str:
     """Where the shared expert runs next to the register-dequant routed kernels.
 
     side:        the Triton shared-only grids on a side stream, overlapping the routed kernels;
-    cublas:      BF16 cuBLAS GEMMs before the routed kernels, on the caller's stream;
+    cublas:      BF16 cuBLAS GEMMs after the routed L1 launch, on the caller's stream;
     cublas_side: the same GEMMs on the side stream.
     The routed kernels are issue-bound, so a concurrent shared expert slows them: overlap pays only
     for a few tokens. H200, whole block compiled + fused in CUDA graphs, the three placements timed in
@@ -128,7 +152,7 @@ def shared_strategy(m_s: int) -> str:
 
 def grid_shared_strategy(m_s: int) -> str:
     """Where the shared expert runs when the routed tiles are on the Triton grids: inside them ("grid",
-    one launch per layer), or as cuBLAS GEMMs before them ("cublas", beyond GRID_SHARED_MAX_TOKENS).
+    one launch per layer), or as cuBLAS GEMMs between them ("cublas", beyond GRID_SHARED_MAX_TOKENS).
     H200, whole block at M = 4096 in alternating rounds (bench/results/shared_strategy.md): grid 4622 us,
     cublas 4562 us; the grid's shared tiles took ~270 us against ~190 us for cuBLAS (block_kernels.md)."""
     forced = _forced(GRID_SHARED_ENV, GRID_SHARED_STRATEGIES)
@@ -249,9 +273,15 @@ def run_experts(
     side = _side_stream(dev) if shared_how in ("side", "cublas_side") else None
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(dev))
+    def shared_as_library() -> None:
+        shared_by_library(shared.x_s, shared.w1_s, shared.w3_s, shared.w2_s, shared.out, beta, lin_beta)
+
+    # In line, the library GEMMs go right after the routed L1 launch: outside CUDA graphs (prefill) the
+    # GPU then runs L1 while the host spends ~0.2 ms launching them, instead of idling before L1.
+    in_line_library = shared_how == "cublas"
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        if shared_how.startswith("cublas"):
-            shared_by_library(shared.x_s, shared.w1_s, shared.w3_s, shared.w2_s, shared.out, beta, lin_beta)
+        if shared_how == "cublas_side":
+            shared_as_library()
         if grid1 > 0:
             l1_kernel[(grid1,)](
                 z, w13, w13s, sorted_pairs, block_expert, act, w13_desc,
@@ -265,6 +295,8 @@ def run_experts(
             if split1 > 1:
                 launch_l1_finish(h_part, block_expert, act, n_rows_r, inter, hs_part, act_s, m_s, inter_s,
                                  beta, lin_beta, bm, split1, interp)
+        if in_line_library and not regs:
+            shared_as_library()
         if grid2 > 0:
             l2_kernel[(grid2,)](
                 act, w2, w2s, sorted_pairs, block_expert, pairs, w2_desc,
@@ -277,6 +309,8 @@ def run_experts(
     if regs:
         launch_routed_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm, top_k, beta, lin_beta,
                          cfg.regs_split[0])
+        if in_line_library:
+            shared_as_library()
         launch_routed_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max, bm)
     if side is not None:
         torch.cuda.current_stream(dev).wait_stream(side)

@@ -5,6 +5,7 @@ bench/results/producer_notes.md.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, replace
 
@@ -191,8 +192,31 @@ def regs_enabled() -> bool:
 
 def _is_hopper() -> bool:
     """sm_90 exactly: the register-dequant kernels use Hopper's warpgroup MMA."""
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    return _current_capability() == (9, 0)
 
 
 def _has_sm90() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+    capability = _current_capability()
+    return capability is not None and capability >= (9, 0)
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _current_capability() -> tuple[int, int] | None:
+    """The current CUDA device's compute capability (None without CUDA); a device's never changes."""
+    if not torch.cuda.is_available():
+        return None
+    return _capability(torch.cuda.current_device())
+
+
+# Everything besides its arguments that pick_config reads: the environment variables below and the
+# device checks. config_context() snapshots them, so that a cache of picked configs keyed on it
+# (expert_schedule.resolve_config) follows every change.
+CONFIG_ENVS = ("TRITON_INTERPRET", REGS_ENV_SWITCH, REGS_SPLIT_ENV, SHARED_TILES_ENV)
+
+
+def config_context() -> tuple:
+    return tuple(os.environ.get(name) for name in CONFIG_ENVS) + (_has_sm90(), _is_hopper())
