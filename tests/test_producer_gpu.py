@@ -160,17 +160,44 @@ def test_split_k_at_kimi_rank_sizes(weight_format, splits, m, rng_seed):
     assert torch.equal(y, y2) and torch.equal(s, s2)
 
 
-def test_lmf_check_ids_0_removes_the_host_sync(monkeypatch, rng_seed):
-    # Outside CUDA graphs the id range check reads the ids back (a sync per call); LMF_CHECK_IDS=0 skips it.
+def test_id_check_stalls_nothing_before_the_launches_and_lmf_check_ids_0_skips_it(monkeypatch, rng_seed):
+    """Outside CUDA graphs the id range check of the Triton backends copies the largest id to pinned memory
+    and waits for it only after the op's last launch: no stream sync before the kernels, and the result
+    unchanged. LMF_CHECK_IDS=0 skips the check altogether."""
+    from latent_moe_fusion.ops import validation
+    from latent_moe_fusion.ops.triton_kernels import expert_schedule
+
     p = make_problem(5, device="cuda", **MID)
-    torch.ops.lmf.routed_experts(*p.routed_args())  # compile outside the sync check
+    torch.ops.lmf.routed_experts(*p.routed_args())  # compile outside the checks below
     torch.cuda.synchronize()
+    events = []
+    combine, finish = expert_schedule.launch_combine, validation.DeferredIdCheck.finish
+    monkeypatch.setattr(expert_schedule, "launch_combine", lambda *a, **k: (events.append("combine"), combine(*a, **k)))
+    monkeypatch.setattr(validation.DeferredIdCheck, "finish", lambda self: (events.append("finish"), finish(self)))
     torch.cuda.set_sync_debug_mode("error")
     try:
-        with pytest.raises(RuntimeError, match="synchroniz"):
-            torch.ops.lmf.routed_experts(*p.routed_args())
-        monkeypatch.setenv("LMF_CHECK_IDS", "0")
         y = torch.ops.lmf.routed_experts(*p.routed_args())
+        _, ws = torch.ops.lmf.moe_shared_producer(*p.producer_args())
+        assert events == ["combine", "finish", "combine", "finish"]
+        monkeypatch.setenv("LMF_CHECK_IDS", "0")
+        y_unchecked = torch.ops.lmf.routed_experts(*p.routed_args())
+        assert events[4:] == ["combine"]
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert rel_l2(y, p.reference_routed()) < tolerance(torch.bfloat16)
+    assert torch.equal(y, y_unchecked)
+
+
+@pytest.mark.parametrize("op", ["routed_experts", "moe_shared_producer"])
+def test_out_of_range_ids_on_cuda_raise_after_the_deferred_check(op, rng_seed):
+    """Ids >= E on the GPU: the Triton kernels skip them (no out-of-bounds access) and the op raises the
+    same clear error as the synchronous check."""
+    from latent_moe_fusion.ops import LmfInputError
+
+    p = make_problem(5, device="cuda", **MID)
+    num_experts = MID["num_experts"]
+    p.topk_ids[2, 3] = num_experts
+    args = p.routed_args() if op == "routed_experts" else p.producer_args()
+    with pytest.raises(LmfInputError, match=f"topk_ids holds expert id {num_experts} but w13 has only {num_experts}"):
+        getattr(torch.ops.lmf, op)(*args)
+    torch.cuda.synchronize()  # and the kernels that ran on the bad ids left the device usable

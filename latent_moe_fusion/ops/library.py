@@ -21,6 +21,7 @@ from . import deepgemm, reference, triton_kernels  # noqa: F401  (importing regi
 from .backends import select_backend
 from .layouts import fragment_shape
 from .validation import (
+    check_ids,
     check_mode_and_group,
     check_positive,
     check_shape,
@@ -60,19 +61,32 @@ def _define(schema: str, impl, fake) -> torch._ops.OpOverloadPacket:
     return getattr(torch.ops.lmf, name)
 
 
+def _run_routed_backend(op: str, topk_ids: torch.Tensor, num_experts: int, args: tuple):
+    """Select the backend and run it, with the id range check finished after its launches where the
+    backend's kernels allow it (validation.DeferredIdCheck)."""
+    backend = select_backend(op, args[0].device.type, *args)
+    pending = check_ids(op, topk_ids, num_experts, defer=backend.bad_ids_safe)
+    out = backend.fn(*args)
+    if pending is not None:
+        pending.finish()
+    return out
+
+
 def _validate_producer(
     z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
-    rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group_name,
-) -> tuple[int, int, int]:
+    rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group_name, ids: bool = True,
+) -> tuple[int, int, int, int]:
+    """Returns (M, H, R, E)."""
     op = "moe_shared_producer"
-    validate_routed(op, z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta)
+    num_experts, _ = validate_routed(op, z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format,
+                                     beta, lin_beta, ids=ids)
     check_tensor(op, "rms_weight", rms_weight, ndim=1, dtypes=(z.dtype, torch.float32), device=z.device)
     check_shape(op, "rms_weight", rms_weight, (z.shape[1],), "[L] with L = z.shape[1]")
     check_positive(op, "eps", eps)
     hidden = validate_shared(op, x_s, w1_s, w3_s, w2_s, z.dtype, z.device)
     world = check_mode_and_group(op, mode, group_name)
     validate_producer_layout(op, z.shape[0], x_s, mode, world, group_name)
-    return z.shape[0], hidden, world
+    return z.shape[0], hidden, world, num_experts
 
 
 def _routed_experts(
@@ -89,8 +103,8 @@ def _routed_experts(
 ) -> torch.Tensor:
     """Routed experts in the latent space: y [M, L] in z.dtype (DESIGN.md section 2)."""
     args = (z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta)
-    validate_routed("routed_experts", *args)
-    return select_backend("routed_experts", z.device.type, *args).fn(*args)
+    num_experts, _ = validate_routed("routed_experts", *args, ids=False)
+    return _run_routed_backend("routed_experts", topk_ids, num_experts, args)
 
 
 def _routed_experts_fake(z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta):
@@ -128,15 +142,15 @@ def _moe_shared_producer(
     """(y_n [M, L], ws): normalised routed output and this rank's shared fragments in `mode`'s layout."""
     args = (z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
             rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group_name)
-    _validate_producer(*args)
-    return select_backend("moe_shared_producer", z.device.type, *args).fn(*args)
+    *_, num_experts = _validate_producer(*args, ids=False)
+    return _run_routed_backend("moe_shared_producer", topk_ids, num_experts, args)
 
 
 def _moe_shared_producer_fake(
     z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
     rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group_name=None,
 ):
-    m, hidden, world = _validate_producer(
+    m, hidden, world, _ = _validate_producer(
         z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
         rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group_name,
     )

@@ -70,16 +70,46 @@ def device_id_check_enabled() -> bool:
     return os.environ.get(CHECK_IDS_ENV, "1") != "0"
 
 
-def _check_ids_range(op: str, topk_ids: torch.Tensor, num_experts: int) -> None:
-    """Ids must be < E (negative ids mean 'expert not on this rank'). Reads the data, so it is
-    skipped on fake tensors, while a CUDA graph is being captured and on CUDA with LMF_CHECK_IDS=0."""
-    if _is_symbolic_or_fake(topk_ids) or topk_ids.numel() == 0:
-        return
-    if topk_ids.is_cuda and (torch.cuda.is_current_stream_capturing() or not device_id_check_enabled()):
-        return
-    top = int(topk_ids.max())
+def _ids_out_of_range(op: str, top: int, num_experts: int) -> None:
     if top >= num_experts:
         _fail(op, f"topk_ids holds expert id {top} but w13 has only {num_experts} experts (valid: -1..{num_experts - 1})")
+
+
+class DeferredIdCheck:
+    """The id range check of CUDA ids without stalling the GPU.
+
+    A synchronous check returns to the host only once the GPU has drained every kernel queued before the
+    op; the GPU then idles while the host launches the op's kernels (~0.25 ms per block at M = 4096 on
+    the H200, bench/results/host_gaps.md). Here the largest id is copied to pinned host memory behind the
+    queued work, the op launches its kernels, and finish() waits for that copy alone: by then the op's
+    kernels keep the GPU busy. Only for backends whose kernels skip ids >= E (Backend.bad_ids_safe), so
+    that bad ids make them compute garbage the op never returns rather than read out of bounds."""
+
+    def __init__(self, op: str, topk_ids: torch.Tensor, num_experts: int) -> None:
+        self.op, self.num_experts = op, num_experts
+        self._top = torch.empty((), dtype=topk_ids.dtype, pin_memory=True)
+        self._top.copy_(topk_ids.max(), non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+
+    def finish(self) -> None:
+        self._copied.synchronize()
+        _ids_out_of_range(self.op, int(self._top), self.num_experts)
+
+
+def check_ids(op: str, topk_ids: torch.Tensor, num_experts: int, defer: bool = False) -> DeferredIdCheck | None:
+    """Ids must be < E (negative ids mean 'expert not on this rank'). Reads the data, so it is skipped on
+    fake tensors, while a CUDA graph is being captured and on CUDA with LMF_CHECK_IDS=0. On CUDA with
+    `defer`, returns a DeferredIdCheck whose finish() the caller runs after launching its kernels."""
+    if _is_symbolic_or_fake(topk_ids) or topk_ids.numel() == 0:
+        return None
+    if topk_ids.is_cuda:
+        if torch.cuda.is_current_stream_capturing() or not device_id_check_enabled():
+            return None
+        if defer:
+            return DeferredIdCheck(op, topk_ids, num_experts)
+    _ids_out_of_range(op, int(topk_ids.max()), num_experts)
+    return None
 
 
 def validate_routed(
@@ -94,8 +124,10 @@ def validate_routed(
     weight_format: str,
     beta: float,
     lin_beta: float,
+    ids: bool = True,
 ) -> tuple[int, int]:
-    """Check the routed-expert arguments; returns (num_experts, moe_intermediate_size)."""
+    """Check the routed-expert arguments; returns (num_experts, moe_intermediate_size). `ids=False` leaves
+    the id range to the caller (check_ids), which may defer it past its launches."""
     if not isinstance(z, torch.Tensor):
         _fail(op, f"z must be a tensor, got {type(z).__name__}")
     dev = z.device
@@ -142,7 +174,8 @@ def validate_routed(
         check_shape(op, "w13_scale", w13_scale, (num_experts, two_inter, latent // MXFP4_BLOCK), "E8M0 [E, 2I, L/32]")
         check_shape(op, "w2", w2, (num_experts, latent, inter // 2), "packed mxfp4 [E, L, I/2]")
         check_shape(op, "w2_scale", w2_scale, (num_experts, latent, inter // MXFP4_BLOCK), "E8M0 [E, L, I/32]")
-    _check_ids_range(op, topk_ids, num_experts)
+    if ids:
+        check_ids(op, topk_ids, num_experts)
     return num_experts, inter
 
 

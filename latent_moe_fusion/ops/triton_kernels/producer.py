@@ -54,5 +54,6 @@ def moe_shared_producer_triton(
 
 
 register_backend(
-    Backend("moe_shared_producer", "triton", 10, ("cuda",), moe_shared_producer_triton, triton_available, _supports)
+    Backend("moe_shared_producer", "triton", 10, ("cuda",), moe_shared_producer_triton, triton_available, _supports,
+            bad_ids_safe=True)  # grouping skips ids >= E; the combine reads pair rows by slot
 )

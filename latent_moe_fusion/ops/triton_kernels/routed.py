@@ -50,5 +50,6 @@ def _supports(z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_fo
 
 # run_experts takes the op's ten arguments positionally (its extra ones are the producer's).
 register_backend(
-    Backend("routed_experts", "triton", 10, ("cuda",), run_experts, triton_available, _supports)
+    Backend("routed_experts", "triton", 10, ("cuda",), run_experts, triton_available, _supports,
+            bad_ids_safe=True)  # grouping skips ids >= E; the combine reads pair rows by slot
 )
