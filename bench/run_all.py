@@ -24,6 +24,7 @@ BENCHMARKS = (
     ("shared_strategy.py", (), None),
     ("block.py", (), None),
     ("host_gaps.py", (), None),  # why prefill wall time exceeds kernel time (GPU idle gaps)
+    ("op_host_time.py", (), None),  # host time per op call, layer by layer
     ("deepgemm_routed.py", ("--weight-format", "mxfp4"), "deep_gemm"),
     ("deepgemm_routed.py", ("--weight-format", "bf16"), "deep_gemm"),
 )

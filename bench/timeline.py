@@ -15,8 +15,9 @@ from typing import Any
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 # Runtime calls that block the host until the device (or a stream / event) has caught up.
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-              "cudaStreamWaitEvent_sync")
+# Exact names: cudaMemcpyAsync, cudaMemcpy's asynchronous twin, is not one.
+SYNC_CALLS = frozenset(("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+                        "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2"))
 HOST_OP_CATEGORIES = ("cpu_op", "python_function")
 # Launches and syncs: the runtime API, and the driver API that Triton and CuTe DSL launch through.
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
@@ -63,7 +64,7 @@ def merged_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[flo
 
 
 def _is_sync(name: str) -> bool:
-    return any(name.startswith(call) for call in SYNC_CALLS)
+    return name in SYNC_CALLS
 
 
 def _enclosing(host_ops: Sequence[dict[str, Any]], t: float, depth: int) -> tuple[str, ...]:

@@ -37,6 +37,7 @@ def test_gap_after_a_host_sync_is_found_and_attributed():
         # a second stream overlapping the first: no gap between them
         _launch("cudaLaunchKernel", 155.0, 4),
         _kernel("side_kernel", 200.0, 90.0, 4, stream=9),
+        _launch("cudaMemcpyAsync", 291.0, 7),  # asynchronous: not a sync
         _launch("cudaLaunchKernel", 292.0, 5),
         _kernel("tail", 293.0, 5.0, 5),
         # another forward's kernel, outside the host range: ignored
