@@ -33,7 +33,9 @@ from latent_moe_fusion.ops.backends import select_backend  # noqa: E402
 from latent_moe_fusion.ops.validation import validate_routed, validate_tail  # noqa: E402
 
 
-def host_us(fn, calls: int = 25) -> float:
+def host_us(fn, calls: int = 60) -> tuple[float, float]:
+    """(median, minimum) host microseconds of one call; the minimum is the call's own cost, the median
+    adds this host's noise (which moves medians by tens of us between runs)."""
     fn()
     torch.cuda.synchronize()
     times = []
@@ -43,7 +45,7 @@ def host_us(fn, calls: int = 25) -> float:
         fn()
         times.append((time.perf_counter() - start) * 1e6)
     torch.cuda.synchronize()
-    return statistics.median(times)
+    return statistics.median(times), min(times)
 
 
 @triton.jit
@@ -78,10 +80,10 @@ def main() -> None:
     cfg = block.cfg
     scratch = torch.zeros(1024, device="cuda")
     rows = [
-        {"M": "-", "op": "baseline", "layer": "Triton launch, 3 arguments",
-         "grad_us": host_us(lambda: _copy_kernel[(1,)](scratch, 10, BLOCK=64))},
-        {"M": "-", "op": "baseline", "layer": "torch.empty",
-         "grad_us": host_us(lambda: torch.empty(1024, 1024, device="cuda"))},
+        {"M": "-", "op": "baseline", "layer": "Triton launch, 3 arguments"}
+        | dict(zip(("grad_us", "grad_min_us"), host_us(lambda: _copy_kernel[(1,)](scratch, 10, BLOCK=64)), strict=True)),
+        {"M": "-", "op": "baseline", "layer": "torch.empty"}
+        | dict(zip(("grad_us", "grad_min_us"), host_us(lambda: torch.empty(1024, 1024, device="cuda")), strict=True)),
     ]
     i_s = block.shared_w2.shape[1]
     for m in args.m:
@@ -122,17 +124,19 @@ def main() -> None:
             backend = select_backend(op, "cuda", *op_args[op]).name
             for layer, fn in fns.items():
                 label = f"backend {backend} (incl. the choice)" if layer == "backend" else layer
-                row = {"M": m, "op": op, "layer": label, "grad_us": host_us(fn)}
+                row = {"M": m, "op": op, "layer": label}
+                row["grad_us"], row["grad_min_us"] = host_us(fn)
                 with torch.inference_mode():
-                    row["inference_mode_us"] = host_us(fn)
+                    row["inference_mode_us"], row["inference_mode_min_us"] = host_us(fn)
                 rows.append(row)
                 print(row, flush=True)
     meta = environment() | {
         "config": "Kimi K3 one rank of TP8/EP8 (bench/block.py), MXFP4 routed weights, router GEMM bf16",
-        "timing": "host time of one call (perf_counter), GPU idle before it, no sync after; median of 25",
+        "timing": "host time of one call (perf_counter), GPU idle before it, no sync after; median and minimum of 60",
         "note": "op call includes the id range check, finished after the launches (validation.DeferredIdCheck)",
     }
-    write_results("op_host_time", rows, ["M", "op", "layer", "grad_us", "inference_mode_us"], meta, args.out)
+    write_results("op_host_time", rows, ["M", "op", "layer", "grad_us", "grad_min_us", "inference_mode_us",
+                                        "inference_mode_min_us"], meta, args.out)
 
 
 if __name__ == "__main__":
