@@ -90,7 +90,7 @@ class DeferredIdCheck:
         self._top = torch.empty((), dtype=topk_ids.dtype, pin_memory=True)
         self._top.copy_(topk_ids.max(), non_blocking=True)
         self._copied = torch.cuda.Event()
-        self._copied.record()
+        self._copied.record(torch.cuda.current_stream(topk_ids.device))  # the ids' device, not the current one
 
     def finish(self) -> None:
         self._copied.synchronize()
