@@ -27,6 +27,10 @@ def environment() -> dict[str, Any]:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "python": platform.python_version(),
+        # Host-bound figures (prefill outside graphs, M = 1 decode) differ by ~10 % between the machines
+        # one GPU model is lent on: record which host ran them.
+        "host": platform.node(),
+        "host_cpu": _cpu_model(),
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
@@ -39,6 +43,17 @@ def environment() -> dict[str, Any]:
     else:
         info["device"] = "cpu"
     return info
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def _event_ms(fn: Callable[[], Any]) -> float:
