@@ -50,31 +50,32 @@ def forced_backend_name(op: str) -> str | None:
     return os.environ.get(f"LMF_BACKEND_{op.upper()}") or os.environ.get("LMF_BACKEND") or None
 
 
+def _reason(backend: Backend, device_type: str, *args: Any) -> Reason:
+    if device_type not in backend.device_types:
+        return f"runs on {backend.device_types}, not {device_type}"
+    reason = backend.available()
+    return reason if reason is not None else backend.supports(*args)
+
+
 def explain(op: str, device_type: str, *args: Any) -> list[tuple[str, Reason]]:
     """(backend, reason it cannot run or None) for every backend of `op`, in priority order."""
-    rows = []
-    for b in backends_for(op):
-        if device_type not in b.device_types:
-            rows.append((b.name, f"runs on {b.device_types}, not {device_type}"))
-            continue
-        reason = b.available()
-        if reason is None:
-            reason = b.supports(*args)
-        rows.append((b.name, reason))
-    return rows
+    return [(b.name, _reason(b, device_type, *args)) for b in backends_for(op)]
 
 
 def select_backend(op: str, device_type: str, *args: Any) -> Backend:
+    """The first backend in priority order that can run the arguments (the forced one, if any). Stops at
+    the first that can: every reason costs host time on each call (tens of us for all of an op's)."""
     forced = forced_backend_name(op)
-    rows = explain(op, device_type, *args)
-    by_name = {b.name: b for b in backends_for(op)}
-    if forced is not None and forced in by_name:
-        reason = dict(rows)[forced]
-        if reason is not None:
-            raise RuntimeError(f"lmf::{op}: backend {forced!r} was forced (LMF_BACKEND*) but cannot run: {reason}")
-        return by_name[forced]
-    for name, reason in rows:
-        if reason is None:
-            return by_name[name]
-    detail = "; ".join(f"{n}: {r}" for n, r in rows)
+    candidates = backends_for(op)
+    if forced is not None:
+        chosen = [b for b in candidates if b.name == forced]
+        if chosen:
+            reason = _reason(chosen[0], device_type, *args)
+            if reason is not None:
+                raise RuntimeError(f"lmf::{op}: backend {forced!r} was forced (LMF_BACKEND*) but cannot run: {reason}")
+            return chosen[0]
+    for backend in candidates:
+        if _reason(backend, device_type, *args) is None:
+            return backend
+    detail = "; ".join(f"{n}: {r}" for n, r in explain(op, device_type, *args))
     raise RuntimeError(f"lmf::{op}: no backend can run these arguments on {device_type} ({detail})")
