@@ -25,6 +25,7 @@ BENCHMARKS = (
     ("block.py", (), None),
     ("host_gaps.py", (), None),  # why prefill wall time exceeds kernel time (GPU idle gaps)
     ("op_host_time.py", (), None),  # host time per op call, layer by layer
+    ("router_gemm.py", (), None),  # the router GEMM at decode against its byte floor
     ("deepgemm_routed.py", ("--weight-format", "mxfp4"), "deep_gemm"),
     ("deepgemm_routed.py", ("--weight-format", "bf16"), "deep_gemm"),
 )
