@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..backends import Backend, forced_backend_name, register_backend
+from ..device import current_capability
 from ..layouts import gather_columns, rank_tail_operands
 from .tail_configs import HIDDEN_MULTIPLE, TILE_K, VEC, bucket_bound
 
@@ -55,9 +56,10 @@ def available() -> str | None:
     reason = _installed()
     if reason is not None:
         return reason
-    if not torch.cuda.is_available():
+    capability = current_capability()
+    if capability is None:
         return "no CUDA device"
-    major, minor = torch.cuda.get_device_capability()
+    major, minor = capability
     if (major, minor) != (9, 0):
         return f"the CuTe tail kernel is built for sm_90a (WGMMA); this device is sm_{major}{minor}"
     return None

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-import torch
+from ..device import current_capability
 
 SM90_GROUPED = "sm90_grouped"
 SM100_MEGA = "sm100_mega_bf16_shared"
@@ -82,9 +82,7 @@ class DeepGemmProbe:
 
 def _device_capability() -> tuple[int, int] | None:
     """(major, minor) of the current CUDA device, None without one (tests monkeypatch this)."""
-    if not torch.cuda.is_available():
-        return None
-    return tuple(torch.cuda.get_device_capability())
+    return current_capability()
 
 
 def _installed() -> bool:

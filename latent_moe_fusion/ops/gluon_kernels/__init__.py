@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from ..device import capability
 from ..mxfp4 import BLOCK as MXFP4_BLOCK
 
 ENV_SWITCH = "LMF_MXFP4_REGS"  # read by producer_config.regs_enabled too (the picked config)
@@ -40,7 +41,7 @@ def regs_path_reason(
         return "only MXFP4 weights"
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return "Gluon kernels do not run under TRITON_INTERPRET=1"
-    if not z.is_cuda or torch.cuda.get_device_capability(z.device) != (9, 0):
+    if not z.is_cuda or capability(z.device.index) != (9, 0):
         return "needs an sm_90 GPU (warpgroup MMA with a register operand)"
     if z.dtype != torch.bfloat16:
         return f"activations must be bfloat16, got {z.dtype}"

@@ -5,12 +5,12 @@ bench/results/producer_notes.md.
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass, replace
 
 import torch
 
+from ..device import current_capability
 from ..gluon_kernels import BLOCK_ROWS as REGS_BLOCK_M
 from ..gluon_kernels import ENV_SWITCH as REGS_ENV_SWITCH
 from .weight_tiles import DEQUANT_ASM_PAIRS, DEQUANT_LUT, DEQUANT_TRITON
@@ -192,24 +192,12 @@ def regs_enabled() -> bool:
 
 def _is_hopper() -> bool:
     """sm_90 exactly: the register-dequant kernels use Hopper's warpgroup MMA."""
-    return _current_capability() == (9, 0)
+    return current_capability() == (9, 0)
 
 
 def _has_sm90() -> bool:
-    capability = _current_capability()
+    capability = current_capability()
     return capability is not None and capability >= (9, 0)
-
-
-@functools.cache
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
-def _current_capability() -> tuple[int, int] | None:
-    """The current CUDA device's compute capability (None without CUDA); a device's never changes."""
-    if not torch.cuda.is_available():
-        return None
-    return _capability(torch.cuda.current_device())
 
 
 # Everything besides its arguments that pick_config reads: the environment variables below and the

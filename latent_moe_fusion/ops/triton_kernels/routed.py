@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..backends import Backend, Reason, register_backend
+from ..device import current_capability
 from ..mxfp4 import BLOCK as MXFP4_BLOCK
 from .expert_schedule import run_experts
 
@@ -19,9 +20,10 @@ def triton_available() -> Reason:
         import triton  # noqa: F401
     except ImportError:
         return "triton is not installed"
-    if not torch.cuda.is_available():
+    capability = current_capability()
+    if capability is None:
         return "no CUDA device"
-    if torch.cuda.get_device_capability() < (8, 0):
+    if capability < (8, 0):
         return "needs compute capability >= 8.0 (bf16 tensor cores)"
     return None
 

@@ -18,6 +18,7 @@ import os
 import torch
 
 from ..backends import Backend, register_backend
+from ..device import current_capability
 from ..layouts import gather_columns, rank_tail_operands
 from .tail_configs import TailConfig, pick_config
 
@@ -167,9 +168,10 @@ def tail_triton(y_n: torch.Tensor, w_up: torch.Tensor, ws: torch.Tensor, mode: s
 def available() -> str | None:
     if _IMPORT_ERROR is not None:
         return _IMPORT_ERROR
-    if not torch.cuda.is_available():
+    capability = current_capability()
+    if capability is None:
         return "no CUDA device"
-    major, minor = torch.cuda.get_device_capability()
+    major, minor = capability
     if major < 9:
         return f"the tail configs are measured on Hopper (sm_90); this device is sm_{major}{minor}"
     return None
