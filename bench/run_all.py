@@ -26,6 +26,7 @@ BENCHMARKS = (
     ("host_gaps.py", (), None),  # why prefill wall time exceeds kernel time (GPU idle gaps)
     ("op_host_time.py", (), None),  # host time per op call, layer by layer
     ("router_gemm.py", (), None),  # the router GEMM at decode against its byte floor
+    ("route.py", (), None),  # the router chain after its GEMM: unfused vs lmf::noaux_tc_route
     ("deepgemm_routed.py", ("--weight-format", "mxfp4"), "deep_gemm"),
     ("deepgemm_routed.py", ("--weight-format", "bf16"), "deep_gemm"),
 )

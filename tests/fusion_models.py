@@ -138,8 +138,23 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
+# What the router fusion (fusion_pass/routing.py, independent of the block rewrite) removes and adds.
+ROUTER_CHAIN_OPS = {
+    "aten.sigmoid.default", "aten.add.Tensor", "aten.topk.default", "getitem", "aten.gather.default",
+    "aten.sum.dim_IntList", "aten.div.Tensor", "aten.mul.Tensor", "prims.convert_element_type.default",
+    "aten.sub.Tensor", "aten.ge.Scalar", "aten.lt.Scalar", "aten.bitwise_and.Tensor", "aten.full.default",
+    "aten.where.self",
+}
+ROUTE = "lmf.noaux_tc_route.default"
+
+
 def unchanged(report) -> bool:
-    return report.matched == 0 and report.nodes_before == report.nodes_after and report.ops_before == report.ops_after
+    """No block rewritten: the graph is as before but for the router chains the router fusion replaced."""
+    if not report.routings:
+        return report.matched == 0 and report.nodes_before == report.nodes_after and report.ops_before == report.ops_after
+    added = report.ops_added()
+    return (report.matched == 0 and set(added) <= {ROUTE, "getitem"} and added[ROUTE] == len(report.routings)
+            and set(report.ops_removed()) <= ROUTER_CHAIN_OPS)
 
 
 # -- blocks the pass must leave alone ------------------------------------------------------------

@@ -4,7 +4,7 @@ from .capabilities import DISABLE_ENV, Capabilities, agree_capabilities
 from .config import FusionConfig
 from .install import ChainedGraphPass, install
 from .latent_pass import LatentMoEFusionPass
-from .report import FusionReport, MatchedBlock
+from .report import FusionReport, MatchedBlock, MatchedRouting
 
 __all__ = [
     "DISABLE_ENV",
@@ -14,6 +14,7 @@ __all__ = [
     "FusionReport",
     "LatentMoEFusionPass",
     "MatchedBlock",
+    "MatchedRouting",
     "agree_capabilities",
     "install",
 ]

@@ -114,12 +114,12 @@ def _check_backends(
         tail_args = (empty(tokens, latent), empty(hidden, latent), empty(*fragment_shape(mode, tokens, hidden, world)),
                      mode, cand.group_name)
         return {
-            op: _serving_backend(op, device, op_args, config, caps)
+            op: serving_backend(op, device, op_args, config, caps)
             for op, op_args in (("moe_shared_producer", producer_args), ("latent_tail", tail_args))
         }
 
 
-def _serving_backend(op: str, device: str, args: tuple, config: FusionConfig, caps: Capabilities) -> str:
+def serving_backend(op: str, device: str, args: tuple, config: FusionConfig, caps: Capabilities) -> str:
     reasons = []
     for backend in backends_for(op):
         if (op, backend.name) not in caps.backends:

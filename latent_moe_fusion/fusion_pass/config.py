@@ -21,6 +21,8 @@ class FusionConfig:
     # GPU the reference producer loops over experts with host syncs: fusing onto it would be slower
     # than the unfused block, so there a faster backend must serve the candidate or it stays unfused.
     reference_backend_devices: tuple[str, ...] = ("cpu",)
+    # Rewrite the router's sigmoid / top-k / renormalisation chain into lmf::noaux_tc_route (routing.py).
+    fuse_routing: bool = True
     # A walk from routed_experts that needs more nodes than this is not a block of this shape.
     max_walk_nodes: int = 64
 
@@ -40,7 +42,8 @@ class FusionConfig:
 
     def pattern_set(self) -> list[str]:
         """Names of the pattern families this configuration registers (groups are added per graph)."""
-        return [
+        routing = ["router/noaux_tc"] if self.fuse_routing else []
+        return routing + [
             f"{form}/{gate_up}/{norm}/{dtype}/{fmt}"
             for form in self.forms
             for gate_up in self.gate_up_forms

@@ -27,7 +27,8 @@ from .capabilities import DISABLE_ENV, Capabilities, agree_capabilities
 from .checks import check_candidate
 from .config import FusionConfig
 from .matcher import approved, matcher_for
-from .report import FusionReport, MatchedBlock, op_counts
+from .report import FusionReport, MatchedBlock, MatchedRouting, op_counts
+from .routing import check_routing, find_routings, rewrite_routing
 
 log = logging.getLogger("latent_moe_fusion")
 _PACKAGE = Path(__file__).resolve().parent.parent
@@ -61,7 +62,9 @@ class LatentMoEFusionPass(CustomGraphPass):
         if accepted:
             self._rewrite(graph, accepted)
         report.unpadded_matmuls = mm_padding.settle(graph, padded)
-        if accepted or padded:
+        if self.config.fuse_routing:
+            self._fuse_routing(graph, report)
+        if accepted or padded or report.routings:
             graph.lint()
         remaining = set(graph.nodes)
         for cand in accepted.values():
@@ -93,6 +96,28 @@ class LatentMoEFusionPass(CustomGraphPass):
             else:
                 self._reject(report, cand, cand.reason)
         return accepted
+
+    def _fuse_routing(self, graph: fx.Graph, report: FusionReport) -> None:
+        """Router chains into lmf::noaux_tc_route (routing.py); independent of the block rewrite, whose
+        patterns take the ids and weights from any producer."""
+        for match in find_routings(graph):
+            if match.reason is None and not self.enabled:
+                match.reason = f"{DISABLE_ENV}=1 on at least one rank: fusion is switched off"
+            if match.reason is None:
+                try:
+                    match.backend = check_routing(match, self.config, self.capabilities)
+                    rewrite_routing(graph, match)
+                except Reject as exc:
+                    match.reason = str(exc)
+                except Exception as exc:  # fail closed: the rewrite runs only after every check passed
+                    match.reason = f"could not fuse the router ({type(exc).__name__}: {exc})"
+            if match.reason is None:
+                report.routings.append(MatchedRouting(match.where, match.top_k, match.localized, match.backend))
+                log.info("latent_moe_fusion: fused the router %s (%s)", match.where, match.backend)
+            else:
+                report.routing_rejected.append((match.where, match.reason))
+                log.log(logging.INFO if not self.enabled else logging.WARNING,
+                        "latent_moe_fusion: left the router %s unfused: %s", match.where, match.reason)
 
     def _rewrite(self, graph: fx.Graph, accepted: dict[fx.Node, Candidate]) -> None:
         """Apply only the specs the candidates need: their form, dtype, weights, group and gate/up form,

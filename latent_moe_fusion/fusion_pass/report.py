@@ -17,6 +17,14 @@ class MatchedBlock:
     group_name: str | None
 
 
+@dataclass(frozen=True)
+class MatchedRouting:
+    where: str  # "sigmoid -> topk -> mul, where": the router chain replaced by lmf::noaux_tc_route
+    top_k: int
+    localized: bool  # the EP share (ids - first, -1 outside) folded into the op
+    backend: str
+
+
 @dataclass
 class FusionReport:
     matched: int = 0
@@ -26,6 +34,8 @@ class FusionReport:
     nodes_after: int = 0
     ops_before: Counter = field(default_factory=Counter)  # call_function target name -> count
     ops_after: Counter = field(default_factory=Counter)
+    routings: list[MatchedRouting] = field(default_factory=list)  # router chains rewritten
+    routing_rejected: list[tuple[str, str]] = field(default_factory=list)  # (topk node, reason)
     unpadded_matmuls: int = 0  # pad_mm-padded matmuls inside fused blocks, see mm_padding.py
 
     def ops_removed(self) -> Counter:
@@ -40,7 +50,10 @@ class FusionReport:
                  + (f"; {self.unpadded_matmuls} padded matmul(s) fused" if self.unpadded_matmuls else "")]
         lines += [f"  fused    {b.where}: {b.form} (mode {b.mode}, group {b.group_name}) [{b.variant}]" for b in self.blocks]
         lines += [f"  rejected {where}: {reason}" for where, reason in self.rejected]
-        if self.matched:
+        lines += [f"  router   {r.where}: lmf::noaux_tc_route top_k={r.top_k}"
+                  f"{' with the EP share' if r.localized else ''} [{r.backend}]" for r in self.routings]
+        lines += [f"  router left alone {where}: {reason}" for where, reason in self.routing_rejected]
+        if self.matched or self.routings:
             removed = ", ".join(f"{name} x{n}" for name, n in sorted(self.ops_removed().items()))
             added = ", ".join(f"{name} x{n}" for name, n in sorted(self.ops_added().items()))
             lines += [f"  ops removed: {removed or '-'}", f"  ops added:   {added or '-'}"]

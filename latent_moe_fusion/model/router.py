@@ -36,7 +36,14 @@ def route(
     gemm: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (global expert ids [M, K] int32, weights [M, K] fp32 summing to scaling_factor)."""
-    scores = torch.sigmoid(router_logits(x, gate_weight, gemm))
+    return route_from_logits(router_logits(x, gate_weight, gemm), correction_bias, top_k, scaling_factor)
+
+
+def route_from_logits(
+    logits: torch.Tensor, correction_bias: torch.Tensor, top_k: int, scaling_factor: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router after its GEMM (what the fusion pass rewrites into lmf::noaux_tc_route)."""
+    scores = torch.sigmoid(logits)
     chosen = torch.topk(scores + correction_bias.float(), top_k, dim=-1, sorted=False).indices
     weights = scores.gather(-1, chosen)
     weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * scaling_factor

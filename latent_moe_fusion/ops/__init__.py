@@ -3,6 +3,7 @@
 from .backends import Backend, register_backend, select_backend
 from .library import latent_tail, moe_shared_producer, routed_experts
 from .mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from .routing import noaux_tc_route
 from .validation import LmfInputError
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "dequantize_mxfp4",
     "latent_tail",
     "moe_shared_producer",
+    "noaux_tc_route",
     "quantize_mxfp4",
     "register_backend",
     "routed_experts",

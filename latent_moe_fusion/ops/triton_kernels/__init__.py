@@ -6,7 +6,7 @@ Importing this package registers every backend module present; kernels compile o
 import importlib
 import importlib.util
 
-BACKEND_MODULES = ("tail", "routed", "producer")
+BACKEND_MODULES = ("tail", "routed", "producer", "route_topk")
 
 for _name in BACKEND_MODULES:
     if importlib.util.find_spec(f"{__name__}.{_name}") is not None:

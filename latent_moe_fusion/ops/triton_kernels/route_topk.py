@@ -1,0 +1,113 @@
+"""Triton backend of lmf::noaux_tc_route: sigmoid, bias, top-k, renormalisation and the EP share in one
+launch (ops/routing.py defines the semantics this reproduces bit for bit on CUDA).
+
+Each program holds ROWS rows of E biased scores in registers. Every score becomes a unique int64 key
+(order-preserving int32 of the value, then the reversed column so that ties favour the lower index);
+top_k - 1 row maxima are struck out and the next maximum is the k-th key. The chosen columns are then
+placed like torch.topk's gather pass: those above the k-th value by a prefix count in index order, then
+the tied ones. The chosen scores are written, read back in slot order for the FP32 sum, and replaced by
+the renormalised weights.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..backends import Backend, Reason, register_backend
+from .routed import triton_available
+
+MAX_EXPERTS = 4096  # one row of keys in registers
+MAX_TOP_K = 64  # the strike-out loop and the slot sums are unrolled
+INT64_MIN = -(2**63)
+
+
+@triton.jit
+def noaux_tc_route_kernel(
+    logits_ptr, bias_ptr, ids_ptr, weights_ptr, m_rows, num_experts, logits_row_stride,
+    first_expert, num_local, renorm_eps, scaling_factor,
+    TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, ROWS: tl.constexpr,
+):
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_E)
+    row_ok = rows < m_rows
+    valid = row_ok[:, None] & (cols < num_experts)[None, :]
+    logit = tl.load(logits_ptr + rows[:, None] * logits_row_stride + cols[None, :], mask=valid, other=0.0)
+    score = tl.sigmoid(logit)
+    biased = score + tl.load(bias_ptr + cols, mask=cols < num_experts, other=0.0)[None, :]
+
+    bits = biased.to(tl.int32, bitcast=True)
+    okey = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed order of okey == order of the values
+    okey = tl.where(biased != biased, 0x7FFFFFFF, okey)  # NaN is the largest, as in torch.topk
+    key = (okey.to(tl.int64) << 32) | (BLOCK_E - 1 - cols).to(tl.int64)[None, :]
+    key = tl.where(valid, key, INT64_MIN)
+    for _ in tl.static_range(TOP_K - 1):
+        top = tl.max(key, axis=1)
+        key = tl.where(key == top[:, None], INT64_MIN, key)
+    kth = (tl.max(key, axis=1) >> 32).to(tl.int32)
+
+    above = valid & (okey > kth[:, None])
+    tied = valid & (okey == kth[:, None])
+    n_above = tl.sum(above.to(tl.int32), axis=1)
+    slot_above = tl.cumsum(above.to(tl.int32), axis=1) - 1
+    slot_tied = tl.cumsum(tied.to(tl.int32), axis=1) - 1 + n_above[:, None]
+    chosen = above | (tied & (slot_tied < TOP_K))
+    slot = tl.where(above, slot_above, slot_tied)
+    local = cols - first_expert
+    local = tl.where((local >= 0) & (local < num_local), local, -1)
+    out = rows[:, None] * TOP_K + slot
+    tl.store(ids_ptr + out, tl.broadcast_to(local[None, :], [ROWS, BLOCK_E]), mask=chosen)
+    tl.store(weights_ptr + out, score, mask=chosen)
+    tl.debug_barrier()  # the slot reads below are other threads' stores
+
+    total = tl.zeros([ROWS], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        total += tl.load(weights_ptr + rows * TOP_K + j, mask=row_ok, other=0.0)
+    denom = total + renorm_eps
+    for j in tl.static_range(TOP_K):
+        w = tl.load(weights_ptr + rows * TOP_K + j, mask=row_ok, other=0.0)
+        tl.store(weights_ptr + rows * TOP_K + j, tl.math.div_rn(w, denom) * scaling_factor, mask=row_ok)
+
+
+def route_launch_shape(m: int, num_experts: int) -> tuple[int, int, int]:
+    """(BLOCK_E, rows per program, num_warps): decode keeps one row per program (latency: one small
+    CTA); large batches put several rows in a program to amortise the reductions' synchronisation."""
+    block_e = triton.next_power_of_2(num_experts)
+    rows = 1 if m <= 256 else max(1, min(4, 4096 // block_e))
+    num_warps = 4 if block_e * rows <= 1024 else 8
+    return block_e, rows, num_warps
+
+
+def noaux_tc_route_triton(
+    logits: torch.Tensor, correction_bias: torch.Tensor, top_k: int, renorm_eps: float, scaling_factor: float,
+    first_expert: int, num_local: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    m, num_experts = logits.shape
+    ids = torch.empty(m, top_k, dtype=torch.int32, device=logits.device)
+    weights = torch.empty(m, top_k, dtype=torch.float32, device=logits.device)
+    if m == 0:
+        return ids, weights
+    block_e, rows, num_warps = route_launch_shape(m, num_experts)
+    noaux_tc_route_kernel[(triton.cdiv(m, rows),)](
+        logits, correction_bias, ids, weights, m, num_experts, logits.stride(0),
+        first_expert, num_local, float(renorm_eps), float(scaling_factor),
+        TOP_K=top_k, BLOCK_E=block_e, ROWS=rows, num_warps=num_warps,
+    )
+    return ids, weights
+
+
+def route_size_reason(logits: torch.Tensor, correction_bias: torch.Tensor, top_k: int, *rest) -> Reason:
+    num_experts = logits.shape[1]
+    if num_experts > MAX_EXPERTS:
+        return f"E = {num_experts} > {MAX_EXPERTS} (one row of scores is held in registers)"
+    if top_k > MAX_TOP_K:
+        return f"top_k = {top_k} > {MAX_TOP_K} (the selection loop is unrolled)"
+    if logits.shape[0] * top_k >= 2**31:
+        return f"M * top_k = {logits.shape[0] * top_k} too many for 32-bit output offsets; split the batch"
+    return None
+
+
+register_backend(
+    Backend("noaux_tc_route", "triton", 10, ("cuda",), noaux_tc_route_triton, triton_available, route_size_reason)
+)
