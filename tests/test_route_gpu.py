@@ -27,12 +27,15 @@ def test_order_helper_is_cuda_topk_order(rng_seed, m, ties):
 def test_triton_matches_reference(rng_seed, m):
     logits = torch.randn(m, E, device="cuda") * 2
     bias = torch.randn(E, device="cuda") * 0.1
-    ids, weights = noaux_tc_route_triton(logits, bias, K, 1e-20, 1.0, 112, 112)
-    want_ids, want_weights = route_reference(logits, bias, K, 1e-20, 1.0, 112, 112)
+    ids, weights = noaux_tc_route_triton(logits, bias, K, 1e-20, 1.0, 0, E)  # global ids: every choice shows
+    want_ids, want_weights = route_reference(logits, bias, K, 1e-20, 1.0, 0, E)
     # tl.sigmoid and torch.sigmoid may differ in the last bit: only a near-tie at the k-th may route apart
     same = (ids == want_ids).all(-1)
     assert same.float().mean() >= 0.999, same.float().mean()
     assert ((weights - want_weights)[same].norm() / want_weights[same].norm()) <= 1e-6
+    local_ids, local_weights = noaux_tc_route_triton(logits, bias, K, 1e-20, 1.0, 112, 112)  # EP rank 1 of 8
+    assert torch.equal(local_ids, torch.where((ids >= 112) & (ids < 224), ids - 112, -1))
+    assert torch.equal(local_weights, weights)
 
 
 def test_triton_exact_ties_on_gpu():
