@@ -6,7 +6,9 @@ Each program holds ROWS rows of E biased scores in registers. Every score become
 Triton's bitonic top-k keeps the top_k largest keys (rounded up to a power of two, the k-th is the
 top_k-th of them). The chosen columns are then placed like torch.topk's gather pass: those above the
 k-th value in column order, then the tied ones (pairwise ranks over the top_k). The chosen scores are
-written, read back in slot order for the FP32 sum, and replaced by the renormalised weights.
+summed in slot order in registers and written once, renormalised. H200, M = 1, CUDA graph: 7.0 us with
+a store / barrier / reload for the slot-order sum, 5.7 us in registers; the same kernel without the
+top-k (wrong ids) 3.3-4.3 us, a bare load + store 4.4 us.
 """
 
 from __future__ import annotations
@@ -61,18 +63,14 @@ def noaux_tc_route_kernel(
     local = tl.where((local >= 0) & (local < num_local), local, -1)
     out = rows[:, None] * TOP_K + slot
     tl.store(ids_ptr + out, local, mask=live)
-    # the chosen scores again (same input, same instructions: the same bits as above)
+    # the chosen scores again (same input, same instructions: the same bits as above), summed in slot
+    # order: each step adds the one score of slot j (a sum of it and zeros, so exact)
     chosen = tl.sigmoid(tl.load(logits_ptr + rows[:, None] * logits_row_stride + top_col, mask=live, other=0.0))
-    tl.store(weights_ptr + out, chosen, mask=live)
-    tl.debug_barrier()  # the slot reads below are other threads' stores
-
     total = tl.zeros([ROWS], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
-        total += tl.load(weights_ptr + rows * TOP_K + j, mask=row_ok, other=0.0)
-    denom = total + renorm_eps
-    for j in tl.static_range(TOP_K):
-        w = tl.load(weights_ptr + rows * TOP_K + j, mask=row_ok, other=0.0)
-        tl.store(weights_ptr + rows * TOP_K + j, tl.math.div_rn(w, denom) * scaling_factor, mask=row_ok)
+        total += tl.sum(tl.where(live & (slot == j), chosen, 0.0), axis=1)
+    weights = tl.math.div_rn(chosen, (total + renorm_eps)[:, None]) * scaling_factor
+    tl.store(weights_ptr + out, weights, mask=live)
 
 
 def route_launch_shape(m: int, num_experts: int) -> tuple[int, int, int]:
