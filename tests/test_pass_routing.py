@@ -126,3 +126,16 @@ def test_block_router_and_block_are_both_fused(rng_seed, dtype, ep_size):
     assert report.ops_after["aten.topk.default"] == 0 and report.ops_after["lmf.routed_experts.default"] == 0
     ref = model(x)
     assert rel_l2(out, ref) <= (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_dynamic_batch_size(rng_seed):
+    """A symbolic M: the op's fake impl and the finder take it; every size routes like the eager chain."""
+    model = Router("localize", 16, 16)
+    fpass = lmf.LatentMoEFusionPass()
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        fn = torch.compile(model, options={"post_grad_custom_pre_pass": fpass}, dynamic=True)
+        for tokens in (3, 7, 11):
+            x = torch.randn(tokens, 32)
+            _same_routing(fn(x), model(x))
+    assert [r.localized for r in fpass.report.routings] == [True], fpass.report.summary()
