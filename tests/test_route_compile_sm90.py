@@ -28,7 +28,7 @@ print("ptx-bytes", len(kernel.asm["ptx"]), "rows", rows, "warps", warps)
 """
 
 
-@pytest.mark.parametrize("m, k", [(1, 16), (4096, 6)])  # both warp counts; top_k a power of two or not
+@pytest.mark.parametrize("m, k", [(4096, 6)])  # one warp; top_k not a power of two (TOP_K_POW2 > TOP_K)
 def test_route_kernel_compiles_for_sm90(m, k):
     env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)

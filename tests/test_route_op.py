@@ -69,7 +69,7 @@ def test_nan_is_largest_and_negative_zero_below_positive_zero():
     (1, 896, 16, 0, 896),  # Kimi K3 decode
     (5, 896, 16, 112, 112),  # one EP8 rank's share
     (3, 40, 7, 0, 40),  # E not a power of two, odd k
-    (37, 64, 8, 3, 20),
+    (9, 64, 8, 3, 20),
 ])
 def test_triton_kernel_matches_reference(rng_seed, m, e, k, first, num_local):
     assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
