@@ -1,6 +1,8 @@
 """The router fusion (fusion_pass/routing.py): which router chains become lmf::noaux_tc_route, which are
 left alone and why, and that fused and unfused compiles route every token to the same experts."""
 
+import logging
+
 import pytest
 import torch
 from torch import nn
@@ -86,8 +88,12 @@ def test_router_chain_is_fused_and_routes_alike(rng_seed, twist, first, num_loca
     ("values_used", "topk's values are used"),
     ("scores_used", "router scores (sigmoid) is also used by output"),
 ])
-def test_other_routers_are_left_alone_with_a_reason(twist, reason):
-    report = _fused(Router(twist), torch.randn(4, 32))
+def test_other_routers_are_left_alone_with_a_reason(twist, reason, caplog):
+    with caplog.at_level(logging.INFO, logger="latent_moe_fusion"):
+        report = _fused(Router(twist), torch.randn(4, 32))
+    # every aten.topk is examined; one that is no router must not warn (logged at INFO with its reason)
+    logged = [r for r in caplog.records if r.name == "latent_moe_fusion"]
+    assert logged and all(r.levelno == logging.INFO for r in logged) and reason in logged[0].getMessage()
     assert report.routings == []
     assert len(report.routing_rejected) == 1 and reason in report.routing_rejected[0][1], report.routing_rejected
     assert report.ops_after["aten.topk.default"] == 1
