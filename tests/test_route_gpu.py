@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import latent_moe_fusion as lmf
-from latent_moe_fusion.model.router import localize_ids
+from latent_moe_fusion.model.router import localize_ids, route_from_logits
 from latent_moe_fusion.ops.routing import route_reference, topk_ids_cuda_order
 from latent_moe_fusion.ops.triton_kernels.route_topk import noaux_tc_route_triton
 
@@ -48,11 +48,8 @@ def test_triton_exact_ties_on_gpu():
 
 
 def _chain(logits, bias):
-    scores = torch.sigmoid(logits)
-    chosen = torch.topk(scores + bias, K, dim=-1, sorted=False).indices
-    weights = scores.gather(-1, chosen)
-    weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return localize_ids(chosen.to(torch.int32), 112, 112), weights
+    ids, weights = route_from_logits(logits, bias, K, 1.0)
+    return localize_ids(ids, 112, 112), weights
 
 
 @pytest.mark.parametrize("m", [1, 8, 128, 4096])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..ops.routing import localize as localize_ids  # noqa: F401  (the EP share; lmf::noaux_tc_route folds it in)
+
 ROUTER_GEMMS = ("fp32", "bf16")
 
 
@@ -48,9 +50,3 @@ def route_from_logits(
     weights = scores.gather(-1, chosen)
     weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * scaling_factor
     return chosen.to(torch.int32), weights
-
-
-def localize_ids(ids: torch.Tensor, first_expert: int, num_local: int) -> torch.Tensor:
-    """Global ids -> ids of this rank's experts; experts held elsewhere become -1."""
-    local = ids - first_expert
-    return torch.where((local >= 0) & (local < num_local), local, torch.full_like(local, -1))

@@ -29,10 +29,10 @@ import torch
 
 from .backends import Backend, register_backend, select_backend
 from .library import _define
+from .reference import ANY_DEVICE
 from .validation import _fail, check_tensor
 
 OP = "noaux_tc_route"
-ANY_DEVICE = ("cpu", "cuda", "meta")
 
 
 def ordered_keys(values: torch.Tensor) -> torch.Tensor:
@@ -56,6 +56,8 @@ def topk_ids_cuda_order(values: torch.Tensor, top_k: int) -> torch.Tensor:
 
 
 def localize(ids: torch.Tensor, first_expert: int, num_local: int) -> torch.Tensor:
+    """Global ids -> ids of this rank's experts; experts held elsewhere become -1 (the EP share the model
+    applies as model.router.localize_ids, and the fusion pass folds into the op)."""
     local = ids - first_expert
     return torch.where((local >= 0) & (local < num_local), local, torch.full_like(local, -1))
 
