@@ -48,6 +48,7 @@ class RoutingMatch:
     weights_out: fx.Node | None = None  # the op's weights replace this one's
     chain: list[fx.Node] = field(default_factory=list)  # erased after the rewrite
     backend: str | None = None
+    fake_outputs: tuple | None = None  # the op's (ids, weights) on the graph's fake values, from check_routing
 
 
 def _is(node, target) -> bool:
@@ -193,7 +194,8 @@ def _localisation(m: RoutingMatch, ids: fx.Node, num_experts: int) -> tuple[fx.N
 
 
 def check_routing(m: RoutingMatch, config: FusionConfig, caps: Capabilities) -> str:
-    """The backend that will serve the op; raises Reject when none can."""
+    """The backend that will serve the op; raises Reject when none can. Keeps the op's fake outputs (its
+    argument checks ran to make them) for rewrite_routing's node metadata."""
     logits = _val(m.logits)
     fake_mode = getattr(logits, "fake_mode", None)
     if fake_mode is None:
@@ -201,17 +203,16 @@ def check_routing(m: RoutingMatch, config: FusionConfig, caps: Capabilities) -> 
     args = (logits, _val(m.bias), m.top_k, m.renorm_eps, m.scaling_factor, m.first_expert, m.num_local)
     with fake_mode:
         try:
-            ROUTE(*args)  # the op's own argument checks
+            m.fake_outputs = ROUTE(*args)  # the op's own argument checks
         except Exception as exc:
             raise Reject(f"lmf::noaux_tc_route refuses the matched arguments ({type(exc).__name__}: {exc})") from exc
         return serving_backend("noaux_tc_route", logits.device.type, args, config, caps)
 
 
 def rewrite_routing(graph: fx.Graph, m: RoutingMatch) -> None:
+    """Replace the checked chain (check_routing first) by the op."""
     args = (m.logits, m.bias, m.top_k, m.renorm_eps, m.scaling_factor, m.first_expert, m.num_local)
-    logits = _val(m.logits)
-    with logits.fake_mode:
-        ids_val, weights_val = ROUTE(logits, _val(m.bias), *args[2:])
+    ids_val, weights_val = m.fake_outputs
     with graph.inserting_before(m.topk):
         route = graph.call_function(ROUTE, args)
         ids = graph.call_function(operator.getitem, (route, 0))
