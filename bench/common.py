@@ -6,8 +6,10 @@ over the measured copy bandwidth, FLOPs over the measured BF16 matmul rate (DESI
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+import os
 import platform
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -119,6 +121,21 @@ def time_graph_ms(step: Callable[[int], Any], num_sets: int, replays: int = 20, 
         times.append(start.elapsed_time(end) / num_sets)
     times.sort()
     return times[len(times) // 2]
+
+
+@contextlib.contextmanager
+def env_applied(env: dict[str, str]):
+    """Environment variables set for the duration (the library's tuning switches are read per call)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def sets_to_flush_l2(bytes_per_set: int, minimum: int = 2, maximum: int = 64) -> int:

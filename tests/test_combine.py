@@ -69,3 +69,55 @@ def test_one_pass_slices_match_float64(split, rng_seed):
     launch_combine(pairs if split > 1 else pairs[0], ids, weights, out, rms, EPS)
     _, y_n64 = _reference64(pairs, ids, weights, rms)
     assert float((out.double() - y_n64).norm() / y_n64.norm()) < 8e-3
+
+
+@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("split", [1, 2])
+def test_column_programs_match_one_program_per_row(m, split, monkeypatch, rng_seed):
+    """Few rows run as column programs (combine_cols_kernel): the same y bitwise, y_n within its last place
+    (the sum of squares is a fixed-order sum of per-chunk sums), bitwise the same on a second launch (the
+    arrival counters reset themselves), every element written."""
+    from latent_moe_fusion.ops.triton_kernels import combine
+
+    latent, top_k = 200, 8  # chunks of 64: 4 programs per row, the last one partial
+    pairs, ids, weights, rms = _inputs(m, top_k, latent, split)
+    ids[-1] = -1 if m > 1 else ids[-1]  # a row with no local expert: y = 0, y_n = 0
+    pairs = pairs if split > 1 else pairs[0]
+    for norm in (False, True):
+        outs = []
+        for chunk in ("64", "64", "0"):
+            monkeypatch.setenv(combine.COLS_ENV, chunk)
+            out = torch.full((m, latent), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+            launch_combine(pairs, ids, weights, out, rms if norm else None, EPS)
+            outs.append(out)
+        cols, again, rows = outs
+        assert not cols.isnan().any()
+        assert torch.equal(cols, again)
+        assert int(combine._row_counters(cols.device)[:m].abs().sum()) == 0
+        if norm:
+            assert (cols.float() - rows.float()).abs().max() <= rows.float().abs().max() * 2 ** -7
+            _, y_n64 = _reference64(pairs if split > 1 else pairs[None], ids, weights, rms)
+            assert float((cols.double() - y_n64).norm() / y_n64.norm()) < 8e-3
+        else:
+            assert torch.equal(cols, rows)
+        if m > 1:
+            assert torch.equal(cols[-1], torch.zeros_like(cols[-1]))
+
+
+def test_column_chunk_choice_and_bad_override(monkeypatch):
+    from latent_moe_fusion.ops.triton_kernels import combine
+
+    monkeypatch.delenv(combine.COLS_ENV, raising=False)
+    assert combine.cols_chunk(1, 3584) == combine.COLS_CHUNK == 0  # measured slower: off by default
+    monkeypatch.setenv(combine.COLS_ENV, "128")
+    assert combine.cols_chunk(1, 3584) == 128
+    assert combine.cols_chunk(combine.COLS_MAX_ROWS + 1, 3584) == 0  # enough row programs
+    assert combine.cols_chunk(1, 128) == 0  # one chunk: the row kernel
+    monkeypatch.setenv(combine.COLS_ENV, "0")
+    assert combine.cols_chunk(1, 3584) == 0
+    monkeypatch.setenv(combine.COLS_ENV, "x")
+    with pytest.raises(ValueError, match="LMF_COMBINE_COLS='x'"):
+        combine.cols_chunk(1, 3584)
+    monkeypatch.setenv(combine.COLS_ENV, "100")
+    with pytest.raises(ValueError, match="LMF_COMBINE_COLS='100': expected 0 or a power of two >= 16"):
+        combine.cols_chunk(1, 3584)

@@ -147,3 +147,75 @@ def test_config_context_covers_every_variable_pick_config_reads():
     read = set(re.findall(r'os\.environ\.get\(([A-Z_]+|"[A-Z_]+")', source))
     names = {r.strip('"') if r.startswith('"') else getattr(producer_config, r) for r in read}
     assert names <= set(producer_config.CONFIG_ENVS), names - set(producer_config.CONFIG_ENVS)
+
+
+def test_single_token_shared_programs_beside_the_regs_kernels(hopper, monkeypatch):
+    for env in (producer_config.SHARED_SPLIT_ENV, producer_config.SHARED_TILES_ENV,
+                producer_config.SHARED_L2_ROWS_ENV):
+        monkeypatch.delenv(env, raising=False)
+
+    def tiles(pairs):
+        cfg = producer_config.pick_config(pairs, "mxfp4", torch.bfloat16, LOCAL_EXPERTS)
+        return cfg.l1.split_k, (cfg.l1.shared_bn, cfg.l1.bk_shared), cfg.l2.shared_bn
+
+    single = (producer_config.REGS_SINGLE_TOKEN_SHARED_SPLIT, producer_config.REGS_SINGLE_TOKEN_SHARED_TILES, 64)
+    assert tiles(16) == single
+    assert tiles(4 * 16) == (1, producer_config.DECODE_SHARED_TILES, 64)  # more tokens: as before
+    monkeypatch.setenv(producer_config.SHARED_SPLIT_ENV, "8")
+    monkeypatch.setenv(producer_config.SHARED_L2_ROWS_ENV, "32")
+    assert tiles(16)[0] == 8 and tiles(16)[2] == 32 and tiles(4 * 16)[0] == 1
+
+
+@pytest.mark.parametrize("env", ["LMF_PRODUCER_SHARED_SPLIT", "LMF_PRODUCER_SHARED_L2_ROWS"])
+@pytest.mark.parametrize("forced", ["3", "x", "0"])
+def test_shared_program_overrides_reject_bad_values(hopper, monkeypatch, env, forced):
+    monkeypatch.setenv(env, forced)
+    with pytest.raises(ValueError, match=f"{env}='{forced}': expected a power of two"):
+        producer_config.pick_config(16, "mxfp4", torch.bfloat16, LOCAL_EXPERTS)
+
+
+def test_shared_grids_beside_the_regs_kernels_get_int32_index_tensors(monkeypatch):
+    """Beside the register-dequant kernels the grouping runs after the shared expert's launches; the Triton
+    grids then get placeholder index tensors, which must still be int32 (they are compiled with them)."""
+    from dataclasses import replace
+
+    launched = {}
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.setdefault(self.name, args)
+
+    monkeypatch.setattr(expert_schedule, "l1_kernel", Recorder("l1"))
+    monkeypatch.setattr(expert_schedule, "l2_kernel", Recorder("l2"))
+    monkeypatch.setattr(expert_schedule, "launch_l1_finish", lambda *a, **k: launched.setdefault("finish", a))
+    monkeypatch.setattr(expert_schedule, "regs_path_reason", lambda *a: None)
+    monkeypatch.setattr(expert_schedule, "split_reason", lambda *a: None)
+    monkeypatch.setattr(expert_schedule, "launch_routed_l1", lambda *a, **k: launched.setdefault("routed_l1", a))
+    monkeypatch.setattr(expert_schedule, "launch_routed_l2", lambda *a, **k: launched.setdefault("routed_l2", a))
+    monkeypatch.setattr(expert_schedule, "launch_combine", lambda *a, **k: None)
+    monkeypatch.setattr(expert_schedule, "_side_stream", lambda dev: None)
+    monkeypatch.setattr(expert_schedule, "shared_strategy", lambda m_s: "side")
+    hidden, inter_s, latent, inter, experts = 64, 32, 64, 64, 4
+    z = torch.randn(1, latent, dtype=torch.bfloat16)
+    ids = torch.tensor([[0, 2]], dtype=torch.int32)
+    w13 = torch.zeros(experts, 2 * inter, latent // 2, dtype=torch.uint8)
+    w2 = torch.zeros(experts, latent, inter // 2, dtype=torch.uint8)
+    s13 = torch.zeros(experts, 2 * inter, latent // 32, dtype=torch.uint8)
+    s2 = torch.zeros(experts, latent, inter // 32, dtype=torch.uint8)
+    x_s = torch.randn(1, hidden, dtype=torch.bfloat16)
+    shared = expert_schedule.SharedExpert(x_s, torch.randn(inter_s, hidden, dtype=torch.bfloat16),
+                                          torch.randn(inter_s, hidden, dtype=torch.bfloat16),
+                                          torch.randn(hidden, inter_s, dtype=torch.bfloat16),
+                                          torch.empty(1, hidden, dtype=torch.bfloat16))
+    base = producer_config.pick_config(2, "mxfp4", torch.bfloat16, experts)
+    cfg = replace(base, bm=16, routed_regs=True, regs_split=(1, 1))
+    expert_schedule.run_experts(z, ids, torch.rand(1, 2), w13, w2, s13, s2, "mxfp4", 4.0, 25.0,
+                                shared=shared, config=cfg)
+    assert {"l1", "l2", "routed_l1", "routed_l2"} <= set(launched), sorted(launched)
+    for name in ("l1", "l2"):
+        sorted_pairs, block_expert = launched[name][3], launched[name][4]
+        assert sorted_pairs.dtype == torch.int32 and block_expert.dtype == torch.int32, name
+    assert launched["routed_l1"][3].dtype == torch.int32  # the real grouping, launched after the side stream's work

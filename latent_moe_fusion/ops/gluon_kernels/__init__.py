@@ -71,10 +71,12 @@ def split_reason(split: tuple[int, int], latent: int, inter: int) -> str | None:
 def launch_routed_l1(
     z: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, sorted_pairs: torch.Tensor,
     block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, block_m: int, top_k: int, beta: float,
-    lin_beta: float, split: int = 1,
+    lin_beta: float, split: int = 1, signal: bool = False,
 ) -> None:
     """act[block rows, :I] = bf16(SiTU(gate, up)) for every routed block (rows of unused blocks untouched).
-    split > 1: K in that many slices of FP32 partial sums, then the ordered-sum + SiTU finish."""
+    split > 1: K in that many slices of FP32 partial sums, then the ordered-sum + SiTU finish.
+    signal: L1 lets its dependents launch at once and the finish goes out as a programmatic dependent
+    (ops/pdl.py), so that a dependent L2 launched next can prefetch its weights while L1 runs."""
     from ..triton_kernels.split_k import launch_l1_finish
     from .routed_gemm import l1_regs_kernel
 
@@ -87,19 +89,21 @@ def launch_routed_l1(
     l1_regs_kernel[grid](
         z, words, w13_scale, sorted_pairs, block_expert, act, h_part, n_rows, inter, latent, latent // 8,
         latent // MXFP4_BLOCK, top_k, words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta),
-        BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L1_WARPS,
+        BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L1_WARPS, SIGNAL=signal,
     )
     if split > 1:
         launch_l1_finish(h_part, block_expert, act, n_rows, inter, h_part, act, 0, inter, beta, lin_beta, block_m,
-                         split, False)
+                         split, False, pdl=signal)
 
 
 def launch_routed_l2(
     act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, sorted_pairs: torch.Tensor,
-    block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int, block_m: int,
+    block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int, block_m: int, dependent: bool = False,
 ) -> None:
     """pairs[pair, :] = act[row] @ W2[e]^T in FP32 for every valid (token, slot) row; pairs [SPLIT, P, L]
-    holds one K slice's sums per leading index (the combine adds them in order)."""
+    holds one K slice's sums per leading index (the combine adds them in order).
+    dependent: launch as a programmatic dependent of the kernel just before it on the stream, which must
+    be launch_routed_l1's with signal=True (its L1 or finish): the grouping must have finished before."""
     from .routed_gemm import l2_regs_kernel
 
     latent = w2.shape[1]
@@ -110,5 +114,5 @@ def launch_routed_l2(
     l2_regs_kernel[grid](
         act, words, w2_scale, sorted_pairs, block_expert, pairs, pairs.stride(0) if split > 1 else 0, latent, inter,
         inter // 8, inter // MXFP4_BLOCK, words.stride(0), w2_scale.stride(0),
-        BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L2_WARPS,
+        BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L2_WARPS, PDL=dependent, launch_pdl=dependent,
     )

@@ -25,6 +25,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from ..triton_kernels.numerics import situ
+from .gdc import prefetch_rows_l2, release_dependents, wait_for_predecessor
 from .lut_dequant import dequant_kappa, to_kappa
 
 # Launch settings (k step, warps per kernel, block rows) live in __init__.py.
@@ -189,8 +190,10 @@ def _program_tile(block_expert_ptr, n_total, BN: gl.constexpr, SPLIT: gl.constex
 def l1_regs_kernel(
     z_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, h_part_ptr, n_rows, inter, K, row_words, row_scales,
     top_k, stride_we, stride_se, beta, lin_beta,
-    BM: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr,
+    BM: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr, SIGNAL: gl.constexpr = False,
 ):
+    if SIGNAL:  # the dependent finish / L2 may launch now (they wait for this kernel's end)
+        release_dependents()
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
     blk, n0, expert, k_index = _program_tile(block_expert_ptr, inter, BN, SPLIT)
@@ -214,11 +217,22 @@ def l1_regs_kernel(
 def l2_regs_kernel(
     act_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, slice_stride, latent, K, row_words, row_scales,
     stride_we, stride_se,
-    BM: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr,
+    BM: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
 ):
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
+    # block_expert was written by the grouping, which finished before L1 started: readable before the wait.
     blk, n0, expert, k_index = _program_tile(block_expert_ptr, latent, BN, SPLIT)
+    if PDL:
+        # Launched as a programmatic dependent of L1 (or its finish): this program's weight rows go to
+        # L2 while L1 runs; act is read only after the wait, and nothing is written before it.
+        if expert >= 0:
+            rows_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+            rows = n0 + gl.arange(0, BN, layout=rows_l)
+            k_begin, k_end = _k_slice(K, k_index, SPLIT, BK)
+            first = w_ptr + expert.to(gl.int64) * stride_we + rows.to(gl.int64) * row_words + k_begin // 8
+            prefetch_rows_l2(first.to(gl.int64), gl.full([BN], 0, gl.int32, layout=rows_l) + (k_end - k_begin) // 2)
+        wait_for_predecessor()
     if expert >= 0:
         w_ptrs, s_ptrs = _weight_ptrs(w_ptr, s_ptr, expert, n0, row_words, row_scales, stride_we, stride_se,
                                       BN, BK, NW)

@@ -1,6 +1,7 @@
 """Launch schedule of the routed experts (+ optional shared expert and RMSNorm): four launches.
 
-  1. group_by_expert   ids -> expert blocks (one program, device-side, capture-safe)
+  1. group_by_expert   ids -> expert blocks (one program, device-side, capture-safe; beside the
+                       register-dequant kernels launched after the shared expert's side-stream fork)
   2. l1_kernel         routed gate/up + SiTU  and  shared gate/up + SiTU   (one grid)
      (l1_finish_kernel  with L1 split along K: SiTU of the ordered sum of the slices)
   3. l2_kernel         routed down -> FP32 pair rows  and  shared down -> fragments (one grid)
@@ -25,9 +26,10 @@ import torch
 import triton
 
 from ..gluon_kernels import launch_routed_l1, launch_routed_l2, regs_path_reason, split_reason
+from ..pdl import use_pdl
 from .combine import launch_combine
 from .expert_gemm import l1_kernel, l2_kernel
-from .moe_align import group_by_expert
+from .moe_align import group_by_expert, max_blocks
 from .producer_config import ProducerConfig, config_context, interpreting, pick_config
 from .shared_by_library import shared_by_library
 from .split_k import launch_l1_finish
@@ -112,6 +114,7 @@ def _resolve_config(
     return cfg
 
 
+GROUP_FIRST_ENV = "LMF_GROUP_FIRST"  # "1": the grouping before the shared expert's side-stream fork (A/B switch)
 SHARED_ENV = "LMF_REGS_SHARED"  # override: side | cublas | cublas_side
 SHARED_STRATEGIES = ("side", "cublas", "cublas_side")
 SHARED_SIDE_MAX_TOKENS = 4  # up to here: the Triton shared grids on the side stream
@@ -207,15 +210,11 @@ def run_experts(
     dev = z.device
 
     y = torch.empty_like(z) if out is None else out
-    if num_pairs > 0:
-        grouping = group_by_expert(topk_ids, num_experts, bm)
-        nb_max = grouping.nb_max
-    else:
-        grouping, nb_max = None, 0
+    nb_max = max_blocks(num_pairs, num_experts, bm) if num_pairs > 0 else 0
     # Routed tiles on the Gluon register-dequant kernels (MXFP4 decode, sm_90); the Triton grids then
     # hold only the shared expert's tiles. A picked config falls back to the Triton tiles where the Gluon
     # kernels cannot take the call; a given one says why.
-    regs = cfg.routed_regs and grouping is not None
+    regs = cfg.routed_regs and num_pairs > 0
     if regs:
         reason = regs_path_reason(z, w13, w2, w13_scale, w2_scale, weight_format, bm)
         split_why = split_reason(cfg.regs_split, latent, inter) if reason is None else None
@@ -235,8 +234,15 @@ def run_experts(
         split2 = 1  # the Triton L2 then holds only shared tiles, which are never split
     pairs_shape = (max(num_pairs, 1), latent) if pair_slices == 1 else (pair_slices, max(num_pairs, 1), latent)
     pairs = torch.empty(pairs_shape, dtype=torch.float32, device=dev)
-    sorted_pairs = grouping.sorted_pairs if grouping else act
-    block_expert = grouping.block_expert if grouping else act
+    # The grouping goes first where the Triton grids hold routed tiles; beside the register-dequant
+    # kernels it goes after the side stream's fork, so that the shared expert does not wait for it
+    # (H200, M = 1: the shared chain is the producer's critical path; bench/results/graph_timeline.md).
+    group_first = not regs or os.environ.get(GROUP_FIRST_ENV, "0") == "1"
+    grouping = group_by_expert(topk_ids, num_experts, bm) if num_pairs > 0 and group_first else None
+    if grouping is None:  # grids of shared tiles only never read these; int32 like the real ones (kernel types)
+        sorted_pairs = block_expert = torch.empty(1, dtype=torch.int32, device=dev)
+    else:
+        sorted_pairs, block_expert = grouping.sorted_pairs, grouping.block_expert
 
     w13s, s13_e, s13_n, s13s_e, s13s_n = _weight_strides(w13, w13_scale)
     w2s, s2_e, s2_n, s2s_e, s2s_n = _weight_strides(w2, w2_scale)
@@ -307,11 +313,18 @@ def run_experts(
                 SPLIT=split2, **cfg.l2.launch_options(), **common,
             )
     if regs:
+        # PDL (ops/pdl.py): L2 follows L1 directly unless the shared GEMMs run in line between them.
+        # PDL only for a single token's K-split chain: from M = 8 on, L2's waiting programs hold SM slots
+        # that L1's many blocks need (H200: +9 us at M = 8, -1 to -2 us at M = 1; decode_tuning.md).
+        pdl = use_pdl("routed", dev) and not in_line_library and cfg.regs_split != (1, 1)
+        if grouping is None:
+            grouping = group_by_expert(topk_ids, num_experts, bm)
+        sorted_pairs, block_expert = grouping.sorted_pairs, grouping.block_expert
         launch_routed_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm, top_k, beta, lin_beta,
-                         cfg.regs_split[0])
+                         cfg.regs_split[0], signal=pdl)
         if in_line_library:
             shared_as_library()
-        launch_routed_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max, bm)
+        launch_routed_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max, bm, dependent=pdl)
     if side is not None:
         torch.cuda.current_stream(dev).wait_stream(side)
     launch_combine(pairs, topk_ids, topk_weights, y, rms_weight, eps)

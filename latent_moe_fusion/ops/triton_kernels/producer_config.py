@@ -128,12 +128,19 @@ SHARED_TILES_ENV = "LMF_PRODUCER_DECODE_SHARED_TILES"  # "BNxBK": tuning overrid
 DECODE_SHARED_TILES = (32, 64)  # (rows, K) of the MXFP4 decode shared gate/up programs: H200 sweep, bench/results/producer_shared_tiles.md
 
 
-def decode_shared_tiles() -> tuple[int, int]:
+# Beside the register-dequant kernels, a single token's shared expert runs alone in the Triton grids on
+# the side stream, and that chain is the producer's critical path at M = 1. H200, whole block in CUDA
+# graphs (bench/results/decode_tuning.md): gate/up tiles 32 x 128 in 4 K slices (was 32 x 64 in 2).
+REGS_SINGLE_TOKEN_SHARED_TILES = (32, 128)
+REGS_SINGLE_TOKEN_SHARED_SPLIT = 4
+
+
+def decode_shared_tiles(default: tuple[int, int] = DECODE_SHARED_TILES) -> tuple[int, int]:
     """The shared-expert gate/up tile of the MXFP4 decode configs. The shared GEMM is I_s / rows
     programs deep in K = H, so narrow tiles spread its BF16 weight stream over more SMs."""
     forced = os.environ.get(SHARED_TILES_ENV)
     if not forced:
-        return DECODE_SHARED_TILES
+        return default
     try:
         bn, bk = (int(v) for v in forced.lower().split("x"))
     except ValueError:
@@ -141,6 +148,23 @@ def decode_shared_tiles() -> tuple[int, int]:
     if bn < 16 or bk < 16 or bn & (bn - 1) or bk & (bk - 1):
         raise ValueError(f"{SHARED_TILES_ENV}={forced!r}: rows and K must be powers of two >= 16")
     return bn, bk
+
+
+SHARED_SPLIT_ENV = "LMF_PRODUCER_SHARED_SPLIT"  # tuning override: K slices of the single-token shared gate/up
+SHARED_L2_ROWS_ENV = "LMF_PRODUCER_SHARED_L2_ROWS"  # tuning override: weight rows per shared down program
+
+
+def _env_power_of_two(name: str, default: int, low: int) -> int:
+    forced = os.environ.get(name)
+    if not forced:
+        return default
+    try:
+        value = int(forced)
+    except ValueError:
+        raise ValueError(f"{name}={forced!r}: expected a power of two >= {low}") from None
+    if value < low or value & (value - 1):
+        raise ValueError(f"{name}={forced!r}: expected a power of two >= {low}")
+    return value
 
 
 def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_experts: int = 1 << 30) -> ProducerConfig:
@@ -166,14 +190,16 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
             # Triton tiles at M = 8 .. 128, producer_notes.md run 6); the tiles below then shape the
             # shared expert's programs, and the routed ones wherever the Gluon kernels cannot take a call.
             regs = bm in REGS_BLOCK_M and _is_hopper() and regs_enabled()
-            bn_s, bk_s = decode_shared_tiles()
+            single = num_pairs <= SPLIT_K_MAX_PAIRS
+            bn_s, bk_s = decode_shared_tiles(REGS_SINGLE_TOKEN_SHARED_TILES if regs and single else DECODE_SHARED_TILES)
             if regs:
                 # The Triton grids then hold only the shared expert's programs (when it runs there, see
-                # expert_schedule.shared_strategy). Its K stays split as before for a single token; more
-                # slices (2, 4, 8 from M = 8 on) were slower on the H200 (producer_notes.md, run 6).
-                split = DECODE_SPLIT_K[0] if num_pairs <= SPLIT_K_MAX_PAIRS else 1
+                # expert_schedule.shared_strategy). Its K is split for a single token only; more slices
+                # (2, 4, 8 from M = 8 on) were slower on the H200 (producer_notes.md, run 6).
+                split = _env_power_of_two(SHARED_SPLIT_ENV, REGS_SINGLE_TOKEN_SHARED_SPLIT, 1) if single else 1
+                bn2_s = _env_power_of_two(SHARED_L2_ROWS_ENV, 64, 16)
                 return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=bm == 16, split_k=split),
-                                      GemmTiles(64, 128, 4, 4, 32, 128 if bm == 16 else 0, tma=bm == 16),
+                                      GemmTiles(64, 128, 4, 4, 32, 128 if bm == 16 else 0, bn2_s, tma=bm == 16),
                                       dequant, True, regs_decode_split(num_pairs))
             if bm == 16:
                 split = DECODE_SPLIT_K if num_pairs <= SPLIT_K_MAX_PAIRS else (1, 1)
@@ -203,7 +229,8 @@ def _has_sm90() -> bool:
 # Everything besides its arguments that pick_config reads: the environment variables below and the
 # device checks. config_context() snapshots them, so that a cache of picked configs keyed on it
 # (expert_schedule.resolve_config) follows every change.
-CONFIG_ENVS = ("TRITON_INTERPRET", REGS_ENV_SWITCH, REGS_SPLIT_ENV, SHARED_TILES_ENV)
+CONFIG_ENVS = ("TRITON_INTERPRET", REGS_ENV_SWITCH, REGS_SPLIT_ENV, SHARED_TILES_ENV, SHARED_SPLIT_ENV,
+               SHARED_L2_ROWS_ENV)
 
 
 def config_context() -> tuple:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .gdc import release_dependents, wait_for_predecessor
 from .numerics import round_to, situ
 
 
@@ -32,8 +33,11 @@ def _sum_slices(part_ptr, row, n_rows, cols, mask, width, SPLIT: tl.constexpr):
 def l1_finish_kernel(
     h_part_ptr, block_expert_ptr, act_ptr, n_rows_r, inter,
     hs_part_ptr, act_s_ptr, m_s, inter_s, beta, lin_beta,
-    BM: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
+    BM: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # a programmatic dependent of L1 that lets its own dependent (L2) launch at once
+        release_dependents()
+        wait_for_predecessor()
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     if row < n_rows_r:
@@ -59,8 +63,9 @@ FINISH_BLOCK = 1024
 
 def launch_l1_finish(
     h_part, block_expert, act, n_rows_r: int, inter: int, hs_part, act_s, m_s: int, inter_s: int,
-    beta: float, lin_beta: float, bm: int, split: int, interpret: bool,
+    beta: float, lin_beta: float, bm: int, split: int, interpret: bool, pdl: bool = False,
 ) -> None:
+    """pdl: launch as a programmatic dependent (the L1 before it signals early; ops/pdl.py)."""
     rows = n_rows_r + m_s
     if rows == 0:
         return
@@ -68,5 +73,5 @@ def launch_l1_finish(
     grid = (rows, triton.cdiv(max(inter, inter_s), block))
     l1_finish_kernel[grid](
         h_part, block_expert, act, n_rows_r, inter, hs_part, act_s, m_s, inter_s, float(beta), float(lin_beta),
-        BM=bm, BLOCK=block, SPLIT=split, INTERPRET=interpret, num_warps=4,
+        BM=bm, BLOCK=block, SPLIT=split, INTERPRET=interpret, PDL=pdl, num_warps=4, launch_pdl=pdl,
     )

@@ -4,6 +4,9 @@
 for any strided [R, M, N] fragment view. The backend maps the three layouts onto it (token_publish:
 ws.transpose(0, 1); hidden_scatter: this rank's rows of w_up, then layouts.gather_columns).
 
+Decode launches go out as programmatic dependents where ops/pdl.py allows (site "tail"): the kernel
+prefetches its first weight steps to L2 and waits for the producer's combine, which signals early.
+
 Capture safety: a launch does no host sync and allocates only with torch.empty (the output and, for
 split-K configs, the fp32 partials). Split-K arrival counters are one int32 per N tile, kept per
 device and reset to zero by the kernel itself; they are created outside capture by `warmup()` (or
@@ -20,6 +23,7 @@ import torch
 from ..backends import Backend, register_backend
 from ..device import current_capability
 from ..layouts import gather_columns, rank_tail_operands
+from ..pdl import use_pdl
 from .tail_configs import TailConfig, pick_config
 
 try:
@@ -77,6 +81,20 @@ def _tma_ok(a: torch.Tensor, w: torch.Tensor) -> bool:
     )
 
 
+PREFETCH_ENV = "LMF_TAIL_PREFETCH"  # override of TAIL_PREFETCH_STEPS (benchmarks)
+TAIL_PREFETCH_STEPS = 2  # K steps of each weight row sent to L2 before a dependent decode tail waits (H200, M = 1:
+# 2 steps best of 0 / 2 / 4 / 7 / 14, whole slices slowest; bench/results/pdl.md, decode_tuning.md)
+
+
+def _prefetch_steps(w: torch.Tensor, k: int, block_k: int) -> int:
+    """K steps of every weight row the PDL swap kernel prefetches: rows must be contiguous along K with
+    16-byte aligned starts and whole K steps (the prefetch then never runs past a row)."""
+    aligned = w.stride(1) == 1 and (w.stride(0) * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0
+    if not aligned or k % block_k or (block_k * w.element_size()) % 16:
+        return 0
+    return int(os.environ.get(PREFETCH_ENV, TAIL_PREFETCH_STEPS))
+
+
 def _frag_group(config: TailConfig, r: int) -> int:
     """Fragments loaded together in the epilogue: the largest divisor of R whose loads fit in ~64 registers."""
     regs_per_fragment = max(1, config.block_m * config.block_n // (64 * config.num_warps))  # bf16, 2 per register
@@ -114,10 +132,11 @@ def tail_fused(
             counters = _counters(a.device, tiles)
         else:
             part, counters = out, out  # unused by the SPLIT_K == 1 specialisation
+        pdl = use_pdl("tail", a.device)
         meta = dict(
             R=r, BLOCK_N=config.block_n, BLOCK_M=config.block_m, BLOCK_K=config.block_k, SPLIT_K=split,
             FRAG_GROUP=_frag_group(config, r), DOT_FP32=dot_fp32, PRECISION=precision,
-            num_warps=config.num_warps, num_stages=config.num_stages,
+            num_warps=config.num_warps, num_stages=config.num_stages, PDL=pdl, launch_pdl=pdl,
         )
         if config.kernel == "swap_tma" and _tma_ok(a, w):
             from triton.tools.tensor_descriptor import TensorDescriptor
@@ -133,7 +152,7 @@ def tail_fused(
             a, w, frags, out, part, counters,
             m, n, k, steps_per_split,
             a.stride(0), a.stride(1), w.stride(0), w.stride(1), *frag_strides, *out_strides,
-            EVEN_K=k % config.block_k == 0, **meta,
+            EVEN_K=k % config.block_k == 0, PREFETCH_STEPS=_prefetch_steps(w, k, config.block_k) if pdl else 0, **meta,
         )
         return out
     tiles = _cdiv(m, config.block_m) * _cdiv(n, config.block_n)

@@ -26,6 +26,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .gdc import prefetch_rows_l2, wait_for_predecessor
+
 
 @triton.jit
 def _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R: tl.constexpr, GROUP: tl.constexpr):
@@ -76,6 +78,8 @@ def tail_swap_kernel(
     FRAG_GROUP: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False,
+    PREFETCH_STEPS: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -86,6 +90,16 @@ def tail_swap_kernel(
     # K is walked in whole BLOCK_K steps so that the compiler sees 16-byte aligned, vectorisable loads.
     step_lo = pid_k * steps_per_split
     step_hi = tl.minimum(step_lo + steps_per_split, tl.cdiv(K, BLOCK_K))
+    if PDL:
+        # Launched as a programmatic dependent: the weight rows do not depend on the kernels before, so
+        # their first PREFETCH_STEPS steps head for L2 (rows contiguous along K, checked by the launcher)
+        # before waiting for the kernel that writes A and the fragments. Nothing is written before the wait.
+        if PREFETCH_STEPS > 0:
+            w_bytes: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+            row_bytes = tl.minimum(step_hi - step_lo, PREFETCH_STEPS) * (BLOCK_K * w_bytes)
+            first = (w_ptr + rows_w.to(tl.int64) * s_wn + step_lo * BLOCK_K).to(tl.int64)
+            prefetch_rows_l2(first, tl.zeros([BLOCK_N], dtype=tl.int32) + row_bytes)
+        wait_for_predecessor()
     offs_k = step_lo * BLOCK_K + tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows_w[:, None] * s_wn + offs_k[None, :] * s_wk
     a_ptrs = a_ptr + offs_m[None, :] * s_am + offs_k[:, None] * s_ak  # A^T tile [BLOCK_K, BLOCK_M]
@@ -122,9 +136,12 @@ def tail_swap_tma_kernel(
     FRAG_GROUP: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # tail_swap_kernel with the W and A tiles fetched by the bulk copy engine; rows past M or N and
     # the K tail are zero-filled by the descriptors and cost no memory traffic.
+    if PDL:  # launched as a programmatic dependent: wait before the first read or write
+        wait_for_predecessor()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     step_lo = pid_k * steps_per_split

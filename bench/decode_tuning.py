@@ -1,0 +1,123 @@
+"""Decode knobs of the fused block, swept where they act: the whole compiled + fused block in CUDA graphs.
+
+The knobs are the library's tuning overrides (environment variables read per call, so one compile
+serves every setting; each setting gets its own graph capture): programmatic dependent launch sites
+and the tail's L2 prefetch depth (ops/pdl.py), the few-rows combine's column chunk, and the shapes of
+the side-stream shared expert's Triton programs (K slices and rows per program of gate/up, rows per
+program of down), and whether the routed grouping goes before or after the shared expert's fork. Phase 1 times each value of each knob against the defaults in alternating rounds;
+phase 2 times the defaults against every knob at its phase-1 winner. Outputs of every setting are
+checked against the defaults' (relative L2; PDL, prefetch and program shapes must not change them
+beyond the last-place effects of a different K split).
+
+    PYTHONPATH=. python3 bench/decode_tuning.py --m 1 --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.block import compile_afresh, compiled, kimi_rank_block  # noqa: E402
+from bench.common import env_applied, environment, rel_l2, time_graph_ms, write_results  # noqa: E402
+from latent_moe_fusion.ops.pdl import PDL_ENV  # noqa: E402
+from latent_moe_fusion.ops.triton_kernels.combine import COLS_ENV, COLS_MAX_ROWS  # noqa: E402
+from latent_moe_fusion.ops.triton_kernels.expert_schedule import GROUP_FIRST_ENV  # noqa: E402
+from latent_moe_fusion.ops.triton_kernels.producer_config import (  # noqa: E402
+    SHARED_L2_ROWS_ENV,
+    SHARED_SPLIT_ENV,
+    SHARED_TILES_ENV,
+)
+from latent_moe_fusion.ops.triton_kernels.tail import PREFETCH_ENV  # noqa: E402
+
+KNOBS: dict[str, tuple[str, ...]] = {
+    PDL_ENV: ("none", "tail"),
+    PREFETCH_ENV: ("0", "4"),
+    COLS_ENV: ("128",),
+    GROUP_FIRST_ENV: ("1",),
+    SHARED_SPLIT_ENV: ("2", "8"),
+    SHARED_TILES_ENV: ("32x64", "16x128"),
+    SHARED_L2_ROWS_ENV: ("128",),
+}
+# Knobs that act only up to this many tokens (the few-rows combine, the side-stream Triton shared expert).
+ACTIVE_UP_TO = {COLS_ENV: COLS_MAX_ROWS, SHARED_SPLIT_ENV: 1, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4,
+                GROUP_FIRST_ENV: 4}
+
+
+def _time(fn, xs, env: dict[str, str]) -> float:
+    with env_applied(env):
+        return time_graph_ms(lambda i: fn(xs[i]), len(xs)) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--m", type=int, nargs="*", default=[1])
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    compile_afresh()
+    block = kimi_rank_block("bf16")
+    base, _ = compiled(block, False)
+    fused, fpass = compiled(block, True)
+    rows = []
+    for m in args.m:
+        xs = [torch.randn(m, block.cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+        ref = fused(xs[0]).clone()
+        knobs = {k: vals for k, vals in KNOBS.items() if m <= ACTIVE_UP_TO.get(k, m)}
+        settings = {"defaults": {}} | {f"{k}={v}": {k: v} for k, vals in knobs.items() for v in vals}
+        samples: dict[str, list[float]] = {name: [] for name in ["compiled", *settings]}
+        errs = {}
+        for name, env in settings.items():
+            with env_applied(env):
+                errs[name] = rel_l2(fused(xs[0]), ref)
+        for _ in range(args.rounds):
+            samples["compiled"].append(time_graph_ms(lambda i: base(xs[i]), len(xs)) * 1e3)
+            for name, env in settings.items():
+                samples[name].append(_time(fused, xs, env))
+        med = {name: statistics.median(v) for name, v in samples.items()}
+        winners = {}
+        for knob, vals in knobs.items():
+            best = min(vals, key=lambda v: med[f"{knob}={v}"])
+            if med[f"{knob}={best}"] < med["defaults"]:
+                winners[knob] = best
+        final = {"compiled": [], "defaults": [], "winners": []}
+        for _ in range(args.rounds + 2):
+            final["compiled"].append(time_graph_ms(lambda i: base(xs[i]), len(xs)) * 1e3)
+            final["defaults"].append(_time(fused, xs, {}))
+            final["winners"].append(_time(fused, xs, winners))
+        with env_applied(winners):
+            errs["winners"] = rel_l2(fused(xs[0]), ref)
+        for name in settings:
+            rows.append({"M": m, "setting": name, "us": med[name], "vs_defaults": med["defaults"] / med[name],
+                         "vs_compiled": med["compiled"] / med[name], "rel_l2_vs_defaults": errs[name],
+                         "matched": fpass.report.matched})
+        fin = {k: statistics.median(v) for k, v in final.items()}
+        rows.append({"M": m, "setting": "winners: " + (", ".join(f"{k}={v}" for k, v in winners.items()) or "none"),
+                     "us": fin["winners"], "vs_defaults": fin["defaults"] / fin["winners"],
+                     "vs_compiled": fin["compiled"] / fin["winners"], "rel_l2_vs_defaults": errs["winners"],
+                     "matched": fpass.report.matched})
+        rows.append({"M": m, "setting": "phase 2: defaults", "us": fin["defaults"], "vs_defaults": 1.0,
+                     "vs_compiled": fin["compiled"] / fin["defaults"], "rel_l2_vs_defaults": 0.0,
+                     "matched": fpass.report.matched})
+        rows.append({"M": m, "setting": "compiled (no pass)", "us": fin["compiled"], "vs_defaults": float("nan"),
+                     "vs_compiled": 1.0, "rel_l2_vs_defaults": float("nan"), "matched": 0})
+        for r in rows[-3:]:
+            print(r, flush=True)
+    meta = environment() | {
+        "config": "Kimi K3 one rank of TP8/EP8: 112/896 experts MXFP4, top-16, I=3072, L=3584, H=7168, shared 768, "
+                  "R=1, router GEMM bf16; compiled + fused block",
+        "timing": f"CUDA graph replay over 4 rotating inputs; phase 1: median of {args.rounds} alternating rounds per "
+                  f"setting; phase 2: median of {args.rounds + 2} rounds of compiled / defaults / winners",
+    }
+    write_results("decode_tuning", rows, ["M", "setting", "us", "vs_defaults", "vs_compiled", "rel_l2_vs_defaults",
+                                          "matched"], meta, args.out)
+
+
+if __name__ == "__main__":
+    main()

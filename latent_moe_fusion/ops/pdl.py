@@ -1,0 +1,65 @@
+"""Programmatic dependent launch (PDL, sm_90+): which of the library's launches overlap their predecessor.
+
+In a decode forward every kernel streams weights that do not depend on the kernel before it, yet a
+plain launch starts only after that kernel has finished and the launch latency has passed. With PDL a
+kernel is launched with CUDA's programmatic stream serialisation: its programs may start as soon as
+every program of the kernel before it has signalled (`griddepcontrol.launch_dependents`, which our
+producers issue first thing) and must execute `griddepcontrol.wait` before they touch anything that
+kernel, or any earlier one, writes. Before the wait a kernel only reads weights (into L2) and data
+written before its predecessor started, and writes nothing.
+
+Sites (LMF_PDL, a comma list; "all" or "none"/"0"; read per call so a benchmark can A/B them):
+  tail    the latent tail's decode (swap-AB) kernels: prefetch their weight rows to L2, then wait;
+          the combine before them signals early
+  routed  the routed register-dequant chain L1 -> L1 finish -> L2 of a single token (K split): L1
+          signals early, the finish and L2 are launched dependent (L2 prefetches its weight rows first)
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .device import capability
+
+PDL_ENV = "LMF_PDL"
+PDL_SITES = ("tail", "routed")
+# H200 (bench/results/decode_tuning.md): in CUDA graphs a plain dependent launch already starts ~0.4 us
+# after its predecessor, so PDL buys only the weight prefetch: -2 us at M = 1 with both sites. The
+# routed site acts only on a single token's K-split chain (expert_schedule): at M = 8 its waiting L2
+# programs held SM slots that L1 needs (+9 us).
+DEFAULT_SITES = frozenset(PDL_SITES)
+
+
+def enabled_sites() -> frozenset[str]:
+    """The sites LMF_PDL turns on (DEFAULT_SITES when unset); an unknown site raises."""
+    value = os.environ.get(PDL_ENV)
+    if value is None:
+        return DEFAULT_SITES
+    value = value.strip().lower()
+    if value in ("", "0", "none", "off"):
+        return frozenset()
+    if value in ("1", "all", "on"):
+        return frozenset(PDL_SITES)
+    sites = frozenset(s.strip() for s in value.split(",") if s.strip())
+    unknown = sorted(sites - set(PDL_SITES))
+    if unknown:
+        raise ValueError(f"{PDL_ENV}={value!r}: unknown site(s) {', '.join(unknown)}; expected a comma list of "
+                         f"{', '.join(PDL_SITES)}, or all / none")
+    return sites
+
+
+def device_supports_pdl(device: torch.device) -> bool:
+    """Hopper or newer, compiled (the interpreter runs no PTX)."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return capability(index) >= (9, 0)
+
+
+def use_pdl(site: str, device: torch.device) -> bool:
+    """Whether launches of `site` on `device` go out as programmatic dependents (and their producers signal)."""
+    if site not in PDL_SITES:
+        raise ValueError(f"unknown PDL site {site!r}; expected one of {', '.join(PDL_SITES)}")
+    return site in enabled_sites() and device_supports_pdl(device)

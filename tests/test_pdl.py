@@ -1,0 +1,35 @@
+"""ops/pdl.py: which launches go out as programmatic dependents (LMF_PDL), and never on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from latent_moe_fusion.ops import pdl
+
+
+@pytest.mark.parametrize("value, sites", [
+    (None, pdl.DEFAULT_SITES), ("all", set(pdl.PDL_SITES)), ("1", set(pdl.PDL_SITES)), ("none", set()), ("0", set()),
+    ("", set()), ("tail", {"tail"}), (" routed , tail ", {"routed", "tail"}), ("TAIL", {"tail"}),
+])
+def test_sites_from_the_environment(monkeypatch, value, sites):
+    if value is None:
+        monkeypatch.delenv(pdl.PDL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(pdl.PDL_ENV, value)
+    assert pdl.enabled_sites() == frozenset(sites)
+
+
+def test_unknown_site_names_the_choices(monkeypatch):
+    monkeypatch.setenv(pdl.PDL_ENV, "tail,combine")
+    with pytest.raises(ValueError, match=r"LMF_PDL='tail,combine': unknown site\(s\) combine; expected a comma list of tail, routed"):
+        pdl.enabled_sites()
+    with pytest.raises(ValueError, match="unknown PDL site 'producer'"):
+        pdl.use_pdl("producer", torch.device("cpu"))
+
+
+def test_never_on_the_cpu_or_under_the_interpreter(monkeypatch):
+    monkeypatch.setenv(pdl.PDL_ENV, "all")
+    assert not pdl.use_pdl("tail", torch.device("cpu"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not pdl.device_supports_pdl(torch.device("cuda", 0))

@@ -1,0 +1,80 @@
+"""Programmatic dependent launch on the GPU (ops/pdl.py): a forward with every PDL site on is bitwise the
+forward with none, replay after replay with fresh inputs (a dependent that read its predecessor's output
+before it was written would differ), in CUDA graphs and eagerly.
+
+Kimi K3 shapes with one rank's share of the layer (64 local MXFP4 experts, shared expert 768 wide)."""
+
+import pytest
+import torch
+
+import latent_moe_fusion as lmf
+from latent_moe_fusion.ops.pdl import PDL_ENV
+
+pytestmark = pytest.mark.gpu
+
+REPLAYS = 50
+
+
+@pytest.fixture(scope="module")
+def block():
+    cfg = lmf.KimiK3MoEConfig().replace(num_experts=64, shared_intermediate_size=768)
+    torch.manual_seed(0)
+    return lmf.KimiK3MoEBlock(cfg, weight_format="mxfp4", dtype=torch.bfloat16, device="cuda", seed=0)
+
+
+@pytest.fixture(scope="module")
+def fused(block):
+    fpass = lmf.LatentMoEFusionPass()
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        fn = torch.compile(block, options={"post_grad_custom_pre_pass": fpass}, dynamic=False)
+    return fn, fpass
+
+
+def _capture(fn, static_x):
+    for _ in range(2):  # compile for this M and warm up outside capture
+        fn(static_x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(static_x)
+    torch.cuda.synchronize()
+    return graph, out
+
+
+@pytest.mark.parametrize("m", (1, 8, 32))
+def test_graph_with_pdl_is_bitwise_the_graph_without(block, fused, m, monkeypatch):
+    fn, fpass = fused
+    static_x = torch.randn(m, block.cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    monkeypatch.setenv(PDL_ENV, "none")
+    plain, plain_out = _capture(fn, static_x)
+    assert fpass.report.matched == 1, fpass.report
+    monkeypatch.setenv(PDL_ENV, "all")
+    dependent, dependent_out = _capture(fn, static_x)
+    for _ in range(REPLAYS):
+        static_x.copy_(torch.randn_like(static_x))
+        plain.replay()
+        dependent.replay()
+        assert torch.equal(dependent_out, plain_out)
+    ref = block(static_x)
+    err = float((dependent_out.double() - ref.double()).norm() / ref.double().norm())
+    assert err <= 1e-2, err
+
+
+@pytest.mark.parametrize("m", (1, 8))
+def test_eager_ops_with_pdl_see_their_inputs_written_just_before(block, m, monkeypatch):
+    """The tail launched right after a kernel that rewrites its input, outside graphs."""
+    w_up = block.w_up
+    y_n = torch.randn(m, w_up.shape[1], device="cuda", dtype=torch.bfloat16)
+    ws = torch.randn(1, m, w_up.shape[0], device="cuda", dtype=torch.bfloat16)
+    monkeypatch.setenv(PDL_ENV, "none")
+    for _ in range(20):
+        fresh = torch.randn_like(y_n)
+        y_n.copy_(fresh)
+        monkeypatch.setenv(PDL_ENV, "none")
+        ref = torch.ops.lmf.latent_tail(y_n, w_up, ws, "local", None)
+        y_n.zero_()
+        y_n.add_(fresh)  # the kernel the dependent tail follows writes its input
+        monkeypatch.setenv(PDL_ENV, "all")
+        out = torch.ops.lmf.latent_tail(y_n, w_up, ws, "local", None)
+        assert torch.equal(out, ref)
