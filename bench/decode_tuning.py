@@ -59,6 +59,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--m", type=int, nargs="*", default=[1])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--knobs", nargs="*", choices=sorted(KNOBS), help="sweep only these (default: all)")
     args = ap.parse_args()
     torch.manual_seed(0)
     compile_afresh()
@@ -69,7 +70,8 @@ def main() -> None:
     for m in args.m:
         xs = [torch.randn(m, block.cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
         ref = fused(xs[0]).clone()
-        knobs = {k: vals for k, vals in KNOBS.items() if m <= ACTIVE_UP_TO.get(k, m)}
+        knobs = {k: vals for k, vals in KNOBS.items()
+                 if m <= ACTIVE_UP_TO.get(k, m) and (not args.knobs or k in args.knobs)}
         settings = {"defaults": {}} | {f"{k}={v}": {k: v} for k, vals in knobs.items() for v in vals}
         samples: dict[str, list[float]] = {name: [] for name in ["compiled", *settings]}
         errs = {}
