@@ -33,3 +33,18 @@ def test_never_on_the_cpu_or_under_the_interpreter(monkeypatch):
     assert not pdl.use_pdl("tail", torch.device("cpu"))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not pdl.device_supports_pdl(torch.device("cuda", 0))
+
+
+def test_tail_prefetch_depth_and_where_it_cannot_apply(monkeypatch):
+    from latent_moe_fusion.ops.triton_kernels import tail
+
+    w = torch.randn(64, 256, dtype=torch.bfloat16)
+    monkeypatch.delenv(tail.PREFETCH_ENV, raising=False)
+    assert tail._prefetch_steps(w, 256, 128) == tail.TAIL_PREFETCH_STEPS
+    assert tail._prefetch_steps(w, 200, 128) == 0  # a K tail: the prefetch could run past a row
+    assert tail._prefetch_steps(w.t(), 64, 16) == 0  # rows not contiguous along K
+    monkeypatch.setenv(tail.PREFETCH_ENV, "7")
+    assert tail._prefetch_steps(w, 256, 128) == 7
+    monkeypatch.setenv(tail.PREFETCH_ENV, "-1")
+    with pytest.raises(ValueError, match="LMF_TAIL_PREFETCH='-1': expected a count of K steps >= 0"):
+        tail._prefetch_steps(w, 256, 128)

@@ -92,7 +92,12 @@ def _prefetch_steps(w: torch.Tensor, k: int, block_k: int) -> int:
     aligned = w.stride(1) == 1 and (w.stride(0) * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0
     if not aligned or k % block_k or (block_k * w.element_size()) % 16:
         return 0
-    return int(os.environ.get(PREFETCH_ENV, TAIL_PREFETCH_STEPS))
+    forced = os.environ.get(PREFETCH_ENV)
+    if forced is None:
+        return TAIL_PREFETCH_STEPS
+    if not forced.isdigit():
+        raise ValueError(f"{PREFETCH_ENV}={forced!r}: expected a count of K steps >= 0")
+    return int(forced)
 
 
 def _frag_group(config: TailConfig, r: int) -> int:
