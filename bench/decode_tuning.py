@@ -29,6 +29,7 @@ from latent_moe_fusion.ops.pdl import PDL_ENV  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.combine import COLS_ENV, COLS_MAX_ROWS  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import GROUP_FIRST_ENV  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.producer_config import (  # noqa: E402
+    SHARED_L2_K_ENV,
     SHARED_L2_ROWS_ENV,
     SHARED_SPLIT_ENV,
     SHARED_TILES_ENV,
@@ -43,9 +44,11 @@ KNOBS: dict[str, tuple[str, ...]] = {
     SHARED_SPLIT_ENV: ("2", "8"),
     SHARED_TILES_ENV: ("32x64", "16x128"),
     SHARED_L2_ROWS_ENV: ("128",),
+    SHARED_L2_K_ENV: ("64", "128"),
 }
 # Knobs that act only up to this many tokens (the few-rows combine, the side-stream Triton shared expert).
 ACTIVE_UP_TO = {COLS_ENV: COLS_MAX_ROWS, SHARED_SPLIT_ENV: 1, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4,
+                SHARED_L2_K_ENV: 4,
                 GROUP_FIRST_ENV: 4}
 
 

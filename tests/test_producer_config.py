@@ -151,22 +151,24 @@ def test_config_context_covers_every_variable_pick_config_reads():
 
 def test_single_token_shared_programs_beside_the_regs_kernels(hopper, monkeypatch):
     for env in (producer_config.SHARED_SPLIT_ENV, producer_config.SHARED_TILES_ENV,
-                producer_config.SHARED_L2_ROWS_ENV):
+                producer_config.SHARED_L2_ROWS_ENV, producer_config.SHARED_L2_K_ENV):
         monkeypatch.delenv(env, raising=False)
 
     def tiles(pairs):
         cfg = producer_config.pick_config(pairs, "mxfp4", torch.bfloat16, LOCAL_EXPERTS)
-        return cfg.l1.split_k, (cfg.l1.shared_bn, cfg.l1.bk_shared), cfg.l2.shared_bn
+        return cfg.l1.split_k, (cfg.l1.shared_bn, cfg.l1.bk_shared), cfg.l2.shared_bn, cfg.l2.bk_shared
 
-    single = (producer_config.REGS_SINGLE_TOKEN_SHARED_SPLIT, producer_config.REGS_SINGLE_TOKEN_SHARED_TILES, 64)
+    single = (producer_config.REGS_SINGLE_TOKEN_SHARED_SPLIT, producer_config.REGS_SINGLE_TOKEN_SHARED_TILES, 64, 32)
     assert tiles(16) == single
-    assert tiles(4 * 16) == (1, producer_config.DECODE_SHARED_TILES, 64)  # more tokens: as before
+    assert tiles(4 * 16) == (1, producer_config.DECODE_SHARED_TILES, 64, 32)  # more tokens: as before
     monkeypatch.setenv(producer_config.SHARED_SPLIT_ENV, "8")
     monkeypatch.setenv(producer_config.SHARED_L2_ROWS_ENV, "32")
-    assert tiles(16)[0] == 8 and tiles(16)[2] == 32 and tiles(4 * 16)[0] == 1
+    monkeypatch.setenv(producer_config.SHARED_L2_K_ENV, "128")
+    assert tiles(16)[0] == 8 and tiles(16)[2:] == (32, 128) and tiles(4 * 16)[0] == 1
 
 
-@pytest.mark.parametrize("env", ["LMF_PRODUCER_SHARED_SPLIT", "LMF_PRODUCER_SHARED_L2_ROWS"])
+@pytest.mark.parametrize("env", ["LMF_PRODUCER_SHARED_SPLIT", "LMF_PRODUCER_SHARED_L2_ROWS",
+                                 "LMF_PRODUCER_SHARED_L2_K"])
 @pytest.mark.parametrize("forced", ["3", "x", "0"])
 def test_shared_program_overrides_reject_bad_values(hopper, monkeypatch, env, forced):
     monkeypatch.setenv(env, forced)

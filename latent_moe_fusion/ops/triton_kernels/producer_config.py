@@ -152,6 +152,9 @@ def decode_shared_tiles(default: tuple[int, int] = DECODE_SHARED_TILES) -> tuple
 
 SHARED_SPLIT_ENV = "LMF_PRODUCER_SHARED_SPLIT"  # tuning override: K slices of the single-token shared gate/up
 SHARED_L2_ROWS_ENV = "LMF_PRODUCER_SHARED_L2_ROWS"  # tuning override: weight rows per shared down program
+SHARED_L2_K_ENV = "LMF_PRODUCER_SHARED_L2_K"  # tuning override: K tile of the shared down programs (not yet
+# measured: beside the regs kernels the Triton L2 grid holds only these BF16 tiles, so the shallow K tile
+# that sized shared memory for the routed MXFP4 tiles no longer has to hold; graph_timeline.md, M = 1)
 
 
 def _env_power_of_two(name: str, default: int, low: int) -> int:
@@ -198,8 +201,9 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
                 # (2, 4, 8 from M = 8 on) were slower on the H200 (producer_notes.md, run 6).
                 split = _env_power_of_two(SHARED_SPLIT_ENV, REGS_SINGLE_TOKEN_SHARED_SPLIT, 1) if single else 1
                 bn2_s = _env_power_of_two(SHARED_L2_ROWS_ENV, 64, 16)
+                bk2_s = _env_power_of_two(SHARED_L2_K_ENV, 32, 16)
                 return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=bm == 16, split_k=split),
-                                      GemmTiles(64, 128, 4, 4, 32, 128 if bm == 16 else 0, bn2_s, tma=bm == 16),
+                                      GemmTiles(64, 128, 4, 4, bk2_s, 128 if bm == 16 else 0, bn2_s, tma=bm == 16),
                                       dequant, True, regs_decode_split(num_pairs))
             if bm == 16:
                 split = DECODE_SPLIT_K if num_pairs <= SPLIT_K_MAX_PAIRS else (1, 1)
@@ -230,7 +234,7 @@ def _has_sm90() -> bool:
 # device checks. config_context() snapshots them, so that a cache of picked configs keyed on it
 # (expert_schedule.resolve_config) follows every change.
 CONFIG_ENVS = ("TRITON_INTERPRET", REGS_ENV_SWITCH, REGS_SPLIT_ENV, SHARED_TILES_ENV, SHARED_SPLIT_ENV,
-               SHARED_L2_ROWS_ENV)
+               SHARED_L2_ROWS_ENV, SHARED_L2_K_ENV)
 
 
 def config_context() -> tuple:
