@@ -24,8 +24,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
+from ..triton_kernels.gdc import prefetch_rows_l2, release_dependents, wait_for_predecessor
 from ..triton_kernels.numerics import situ
-from .gdc import prefetch_rows_l2, release_dependents, wait_for_predecessor
 from .lut_dequant import dequant_kappa, to_kappa
 
 # Launch settings (k step, warps per kernel, block rows) live in __init__.py.

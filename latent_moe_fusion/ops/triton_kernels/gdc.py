@@ -1,4 +1,5 @@
-"""Grid dependency control for Triton kernels launched with PDL (ops/pdl.py says when).
+"""Grid dependency control for the kernels launched with PDL (ops/pdl.py says when): Triton's, and the
+Gluon register-dequant kernels', which inline these @triton.jit helpers (the same PTX as Gluon copies).
 
 `wait_for_predecessor` and `release_dependents` are griddepcontrol.wait / .launch_dependents (no-ops
 when the launch was not programmatic). `prefetch_rows_l2` asks the bulk copy engine to bring one
