@@ -27,8 +27,7 @@ BENCHMARKS = (
     ("op_host_time.py", (), None),  # host time per op call, layer by layer
     ("router_gemm.py", (), None),  # the router GEMM at decode against its byte floor
     ("route.py", (), None),  # the router chain after its GEMM: unfused vs lmf::noaux_tc_route
-    ("pdl.py", (), None),
-    ("decode_tuning.py", (), None),  # decode knobs (PDL, combine chunk, shared-expert programs) on the block  # programmatic dependent launch per site on the decode block
+    ("decode_tuning.py", (), None),  # decode knobs (PDL sites, prefetch, shared-expert programs, ...) on the block
     ("graph_timeline.py", (), None),  # kernels of one replayed decode forward: start, duration, idle before
     ("deepgemm_routed.py", ("--weight-format", "mxfp4"), "deep_gemm"),
     ("deepgemm_routed.py", ("--weight-format", "bf16"), "deep_gemm"),
