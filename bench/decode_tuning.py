@@ -2,7 +2,7 @@
 
 The knobs are the library's tuning overrides (environment variables read per call, so one compile
 serves every setting; each setting gets its own graph capture): programmatic dependent launch sites
-and the tail's L2 prefetch depth (ops/pdl.py), the few-rows combine's column chunk, and the shapes of
+and the tail's L2 prefetch depth (ops/pdl.py), and the shapes of
 the side-stream shared expert's Triton programs (K slices and rows per program of gate/up, rows per
 program of down), and whether the routed grouping goes before or after the shared expert's fork. Phase 1 times each value of each knob against the defaults in alternating rounds;
 phase 2 times the defaults against every knob at its phase-1 winner. Outputs of every setting are
@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.block import compile_afresh, compiled, kimi_rank_block  # noqa: E402
 from bench.common import env_applied, environment, rel_l2, time_graph_ms, write_results  # noqa: E402
 from latent_moe_fusion.ops.pdl import PDL_ENV  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.combine import COLS_ENV, COLS_MAX_ROWS  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import GROUP_FIRST_ENV  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.producer_config import (  # noqa: E402
     SHARED_L2_K_ENV,
@@ -39,15 +38,14 @@ from latent_moe_fusion.ops.triton_kernels.tail import PREFETCH_ENV  # noqa: E402
 KNOBS: dict[str, tuple[str, ...]] = {
     PDL_ENV: ("none", "tail"),
     PREFETCH_ENV: ("0", "4"),
-    COLS_ENV: ("128",),
     GROUP_FIRST_ENV: ("1",),
     SHARED_SPLIT_ENV: ("2", "8"),
     SHARED_TILES_ENV: ("32x64", "16x128"),
     SHARED_L2_ROWS_ENV: ("128",),
     SHARED_L2_K_ENV: ("64", "128"),
 }
-# Knobs that act only up to this many tokens (the few-rows combine, the side-stream Triton shared expert).
-ACTIVE_UP_TO = {COLS_ENV: COLS_MAX_ROWS, SHARED_SPLIT_ENV: 1, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4,
+# Knobs that act only up to this many tokens (the side-stream Triton shared expert, the grouping order).
+ACTIVE_UP_TO = {SHARED_SPLIT_ENV: 1, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4,
                 SHARED_L2_K_ENV: 4,
                 GROUP_FIRST_ENV: 4}
 

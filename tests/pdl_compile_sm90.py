@@ -14,7 +14,7 @@ from triton.compiler import ASTSource
 from bench.regs_sass import L1_SIG, L2_SIG
 from latent_moe_fusion.ops import gluon_kernels as gk
 from latent_moe_fusion.ops.gluon_kernels import routed_gemm as rg
-from latent_moe_fusion.ops.triton_kernels.combine import combine_cols_kernel, combine_kernel
+from latent_moe_fusion.ops.triton_kernels.combine import combine_kernel
 from latent_moe_fusion.ops.triton_kernels.split_k import l1_finish_kernel
 from latent_moe_fusion.ops.triton_kernels.tail_kernels import tail_swap_kernel, tail_swap_tma_kernel
 
@@ -75,9 +75,6 @@ def main() -> None:
                 "eps": "fp32", "latent": "i32", "slice_stride": "i32"}
     out["combine_kernel"] = _triton(combine_kernel, comb_sig, dict(TOP_K=16, BLOCK_L=4096, NORM=True, INTERPRET=False,
                                                                    SPLIT=2, CHUNK=4096, SIGNAL=True), 8)
-    cols_sig = dict(comb_sig) | {"sumsq_ptr": "*fp32", "count_ptr": "*i32"}
-    out["combine_cols_kernel"] = _triton(combine_cols_kernel, cols_sig, dict(
-        TOP_K=16, CHUNK=128, CHUNKS=28, CHUNKS_POW2=32, BLOCK_L=4096, NORM=True, INTERPRET=False, SPLIT=2, SIGNAL=True), 4)
     fin_sig = {"h_part_ptr": "*fp32", "block_expert_ptr": "*i32", "act_ptr": "*bf16", "n_rows_r": "i32",
                "inter": "i32", "hs_part_ptr": "*fp32", "act_s_ptr": "*bf16", "m_s": "i32", "inter_s": "i32",
                "beta": "fp32", "lin_beta": "fp32"}

@@ -12,14 +12,11 @@ rounded y back in a second pass, so y is bitwise the same and y_n may differ fro
 squares in its last place. Without the norm the one-pass form stays (5.5 us at 4 slices, 14.5 in chunks:
 the chunk loop waits for each chunk's loads).
 
-A few rows (M <= COLS_MAX_ROWS, decode) can be cut into column programs instead (combine_cols_kernel,
-LMF_COMBINE_COLS=<chunk>; measured slower on the H200, off by default): the norm's sum of squares is then the fixed-order sum of per-chunk sums, so y_n may differ from the one-row
-kernel's in its last place (bitwise the same run to run).
+One program per row also at M = 1: cutting a row into column programs (per-chunk sums of squares, the
+last to arrive normalising the row) took 6.2 us against 3.8 on the H200 (session 9, decode_tuning.md).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -100,82 +97,6 @@ def combine_kernel(
     tl.store(out_ptr + m * latent + cols, y, mask=cmask)
 
 
-@triton.jit
-def combine_cols_kernel(
-    pairs_ptr, ids_ptr, weights_ptr, out_ptr, rms_ptr, eps, latent, slice_stride, sumsq_ptr, count_ptr,
-    TOP_K: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_POW2: tl.constexpr, BLOCK_L: tl.constexpr,
-    NORM: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr, SIGNAL: tl.constexpr = False,
-):
-    # A few token rows, each cut into CHUNKS column programs (one program per row streams its
-    # TOP_K x SPLIT FP32 rows through one SM: 3.8 us at M = 1 on the H200). Each program stores its
-    # rounded y chunk and its sum of squares; the last program of a row to arrive (an int32 counter,
-    # as in the tail's split-K) adds the CHUNKS sums in a fixed order and normalises the row in place.
-    if SIGNAL:
-        release_dependents()
-    m = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)
-    cols = c * CHUNK + tl.arange(0, CHUNK)
-    cmask = cols < latent
-    acc = _slot_sum(pairs_ptr, ids_ptr, weights_ptr, m, cols, cmask, latent, slice_stride, TOP_K, SPLIT, CHUNK)
-    dtype = out_ptr.dtype.element_ty
-    y = round_to(acc, dtype, INTERPRET)
-    tl.store(out_ptr + m * latent + cols, y, mask=cmask)
-    if NORM:
-        yf = y.to(tl.float32)
-        tl.store(sumsq_ptr + m * CHUNKS + c, tl.sum(yf * yf, axis=0))
-        # Every thread's stores precede one thread's arrival (release); the last arrival acquires them.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(count_ptr + m, 1, sem="acq_rel")
-        if arrived == CHUNKS - 1:
-            parts = tl.arange(0, CHUNKS_POW2)
-            sum_sq = tl.sum(tl.load(sumsq_ptr + m * CHUNKS + parts, mask=parts < CHUNKS, other=0.0,
-                                    cache_modifier=".cg"), axis=0)
-            inv = 1.0 / tl.sqrt_rn(sum_sq / latent + eps)
-            # the whole row in one pass (a loop over the chunks would wait for each chunk's L2 round trip)
-            row = tl.arange(0, BLOCK_L)
-            rmask = row < latent
-            yf_row = tl.load(out_ptr + m * latent + row, mask=rmask, other=0.0, cache_modifier=".cg").to(tl.float32)
-            rms_w = tl.load(rms_ptr + row, mask=rmask, other=0.0).to(tl.float32)
-            tl.store(out_ptr + m * latent + row, round_to(yf_row * inv * rms_w, dtype, INTERPRET), mask=rmask)
-            tl.atomic_xchg(count_ptr + m, 0)  # ready for the next launch (and graph replay)
-
-
-COLS_ENV = "LMF_COMBINE_COLS"  # column chunk of the few-rows combine, or 0 for one program per row
-# Off by default: H200, whole block at M = 1 in CUDA graphs, the row kernel took 3.8 us and the column
-# programs 6.2 (chunks of 128; 17.5 with a chunk loop in the norm pass), the block 96.6 vs 98.8 us
-# (bench/results/decode_tuning.md): the arrival and the second pass cost more than one SM's stream.
-COLS_CHUNK = 0
-COLS_MAX_ROWS = 4  # up to here the rows are cut into column programs
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_COUNTER_ROWS = 1 << 12
-
-
-def cols_chunk(m: int, latent: int) -> int:
-    """Column chunk of the few-rows combine (0: one program per row). Rows past COLS_MAX_ROWS already
-    give enough programs."""
-    forced = os.environ.get(COLS_ENV)
-    try:
-        chunk = COLS_CHUNK if forced is None else int(forced)
-    except ValueError:
-        raise ValueError(f"{COLS_ENV}={forced!r}: expected 0 or a power of two >= 16") from None
-    if chunk and (chunk < 16 or chunk & (chunk - 1)):
-        raise ValueError(f"{COLS_ENV}={forced!r}: expected 0 or a power of two >= 16")
-    return chunk if chunk and m <= COLS_MAX_ROWS and latent > chunk else 0
-
-
-def _row_counters(device: torch.device) -> torch.Tensor:
-    """Zeroed arrival counters, one per row, kept per device and reset by the kernel itself (created on
-    the first eager call; a call under capture that finds none gets fresh zeroed ones, a memset node)."""
-    cached = _COUNTERS.get(device)
-    if cached is not None:
-        return cached
-    counters = torch.zeros(_COUNTER_ROWS, dtype=torch.int32, device=device)
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return counters
-    _COUNTERS[device] = counters
-    return counters
-
-
 def combine_tiles(latent: int, top_k: int, split: int) -> tuple[int, int, int]:
     """(row block, column chunk, warps). The chunk (with the norm, from 3 slices on) keeps the top_k x split row
     loads in flight within ~64 floats per thread, at least one per thread."""
@@ -198,18 +119,6 @@ def launch_combine(
         return
     norm = rms_weight is not None
     signal = use_pdl("tail", out.device)
-    chunk = cols_chunk(m, latent)
-    if chunk:
-        chunks = triton.cdiv(latent, chunk)
-        sumsq = torch.empty(m, chunks, dtype=torch.float32, device=out.device)
-        combine_cols_kernel[(m, chunks)](
-            pairs, topk_ids, topk_weights, out, rms_weight if norm else out, float(eps), latent,
-            pairs.stride(0) if split > 1 else 0, sumsq, _row_counters(out.device),
-            TOP_K=top_k, CHUNK=chunk, CHUNKS=chunks, CHUNKS_POW2=triton.next_power_of_2(chunks),
-            BLOCK_L=triton.next_power_of_2(latent), NORM=norm,
-            INTERPRET=interpreting(), SPLIT=split, SIGNAL=signal, num_warps=4,
-        )
-        return
     block_l, chunk, num_warps = combine_tiles(latent, top_k, split)
     combine_kernel[(m,)](
         pairs, topk_ids, topk_weights, out, rms_weight if norm else out, float(eps), latent, pairs.stride(0) if split > 1 else 0,
