@@ -1,13 +1,13 @@
 """Decode knobs of the fused block, swept where they act: the whole compiled + fused block in CUDA graphs.
 
 The knobs are the library's tuning overrides (environment variables read per call, so one compile
-serves every setting; each setting gets its own graph capture): programmatic dependent launch sites
-and the tail's L2 prefetch depth (ops/pdl.py), and the shapes of
-the side-stream shared expert's Triton programs (K slices and rows per program of gate/up, rows per
-program of down), and whether the routed grouping goes before or after the shared expert's fork. Phase 1 times each value of each knob against the defaults in alternating rounds;
-phase 2 times the defaults against every knob at its phase-1 winner. Outputs of every setting are
-checked against the defaults' (relative L2; PDL, prefetch and program shapes must not change them
-beyond the last-place effects of a different K split).
+serves every setting; each setting gets its own graph capture): programmatic dependent launch sites and
+the tail's L2 prefetch depth (ops/pdl.py), the shapes of the side-stream shared expert's Triton programs
+(K slices and rows per program of gate/up, rows and K tile per program of down), and whether the routed
+grouping goes before or after the shared expert's fork. Phase 1 times each value of each knob against
+the defaults in alternating rounds; phase 2 times the defaults against every knob at its phase-1 winner.
+Outputs of every setting are checked against the defaults' (relative L2; PDL, prefetch and program
+shapes must not change them beyond the last-place effects of a different K split).
 
     PYTHONPATH=. python3 bench/decode_tuning.py --m 1 --out bench/results
 """
@@ -45,8 +45,7 @@ KNOBS: dict[str, tuple[str, ...]] = {
     SHARED_L2_K_ENV: ("64", "128"),
 }
 # Knobs that act only up to this many tokens (the side-stream Triton shared expert, the grouping order).
-ACTIVE_UP_TO = {SHARED_SPLIT_ENV: 1, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4,
-                SHARED_L2_K_ENV: 4,
+ACTIVE_UP_TO = {SHARED_SPLIT_ENV: 1, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4, SHARED_L2_K_ENV: 4,
                 GROUP_FIRST_ENV: 4}
 
 
@@ -80,7 +79,7 @@ def main() -> None:
             with env_applied(env):
                 errs[name] = rel_l2(fused(xs[0]), ref)
         for _ in range(args.rounds):
-            samples["compiled"].append(time_graph_ms(lambda i: base(xs[i]), len(xs)) * 1e3)
+            samples["compiled"].append(_time(base, xs, {}))
             for name, env in settings.items():
                 samples[name].append(_time(fused, xs, env))
         med = {name: statistics.median(v) for name, v in samples.items()}
@@ -91,7 +90,7 @@ def main() -> None:
                 winners[knob] = best
         final = {"compiled": [], "defaults": [], "winners": []}
         for _ in range(args.rounds + 2):
-            final["compiled"].append(time_graph_ms(lambda i: base(xs[i]), len(xs)) * 1e3)
+            final["compiled"].append(_time(base, xs, {}))
             final["defaults"].append(_time(fused, xs, {}))
             final["winners"].append(_time(fused, xs, winners))
         with env_applied(winners):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -132,7 +131,7 @@ def main() -> None:
     import torch
 
     from bench.block import compile_afresh, compiled, kimi_rank_block
-    from bench.common import environment
+    from bench.common import env_applied, environment
     from latent_moe_fusion.ops.pdl import PDL_ENV
 
     ap = argparse.ArgumentParser()
@@ -157,16 +156,11 @@ def main() -> None:
     for m in args.m:
         x = torch.randn(m, block.cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
         for name, (fn, env) in variants.items():
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            try:
+            with env_applied(env):
                 rows = profile_graph(lambda fn=fn: fn(x))
-            finally:
-                for k, v in saved.items():
-                    os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
             key = f"M = {m}, {name}"
-            out["timelines"][key] = {"summary": summary(rows), "kernels": [r.__dict__ for r in rows]}
             s = summary(rows)
+            out["timelines"][key] = {"summary": s, "kernels": [r.__dict__ for r in rows]}
             text += [f"\n### {key}: span {s['span_us']:.1f} us, busy {s['busy_us']:.1f}, idle {s['idle_us']:.1f}\n",
                      rows_markdown(rows)]
             print(key, s, flush=True)
