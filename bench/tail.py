@@ -8,6 +8,7 @@ BF16 matmul rate, whichever is larger. M <= 512 is replayed from CUDA graphs ove
 
     PYTHONPATH=. python3 bench/tail.py --out bench/results            # table configs, R in {1, 8}
     PYTHONPATH=. python3 bench/tail.py --out DIR --sweep              # also time candidate configs (R = 8)
+    PYTHONPATH=. python3 bench/tail.py --out DIR --gemv --no-bench    # the few-token GEMV against swap-AB
 """
 
 from __future__ import annotations
@@ -91,6 +92,23 @@ SWEEP: list[tuple[int, tuple[int, ...], list[TailConfig]]] = [
         _tile(128, 256, 64, kernel="tile_tma", persistent=True), _tile(256, 128, 64, kernel="tile_tma"),
     ]),
 ]
+
+
+def _gemv(bn, bk, pre, w=4, st=1):
+    return TailConfig("gemv", 8, bn, bk, num_warps=w, num_stages=st, preload_k=pre)
+
+
+# The CUDA-core GEMV (tail_gemv.py) against the swap-AB configs it replaces, M = 1 .. 8 (--gemv).
+GEMV: list[tuple[int, tuple[int, ...], list[TailConfig]]] = [
+    (8, (1, 2), [
+        _gemv(4, 512, 1024, w=2), _gemv(4, 512, 0, w=2), _gemv(4, 1024, 1024, w=2), _gemv(2, 512, 1024, w=1),
+        _gemv(4, 512, 1024, w=1), _gemv(2, 1024, 1024, w=1), _gemv(8, 512, 1024, w=2), _gemv(4, 256, 1024, w=1),
+        _gemv(8, 512, 1024), _gemv(4, 512, 1024, w=2, st=3), _gemv(8, 512, 1024, st=3), _gemv(4, 256, 1024, w=1, st=4),
+        _gemv(2, 512, 1024, w=1, st=3), _gemv(8, 256, 1024, w=2, st=4), _swap(16, 64, 128, s=2),
+    ]),
+]
+# The first run (tail_gemv_run1.md) also timed M = 4, 8 and 8 to 32 rows per program of 4 or 8 warps:
+# slower everywhere beyond M = 2 (per-thread K steps shrink with M) and the more rows, the slower.
 
 
 # Decode variants explored after the table was fixed (--explore: timed, never adopted).
@@ -203,7 +221,8 @@ def precompile(jobs: list[tuple[TailConfig | None, int, int]], workers: int) -> 
     """Compile in parallel processes (compilation is CPU-bound and single-threaded per kernel)."""
     seen, unique = set(), []
     for cfg, m, r in jobs:
-        key = (cfg or pick_config(m, N, K, False, 132), r)
+        picked = cfg or pick_config(m, N, K, False, 132)
+        key = (picked, r, m if picked.kernel == "gemv" else 0)  # the GEMV specialises on M's power of two
         if key not in seen:
             seen.add(key)
             unique.append((cfg, m, r))
@@ -244,6 +263,7 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also time the candidate configs (R = 8)")
     parser.add_argument("--adopt-sweep", action="store_true", help="bench with the sweep's winners as the table")
     parser.add_argument("--explore", action="store_true", help="after the bench, time the EXPLORE variants")
+    parser.add_argument("--gemv", action="store_true", help="time the GEMV candidates against swap-AB (R = 8)")
     parser.add_argument("--profile-one", type=int, default=0, help="only run the fused tail at this M, R = 8 (for ncu)")
     parser.add_argument("--no-bench", action="store_true", help="skip the main fused/unfused table")
     parser.add_argument("--jobs", type=int, default=8, help="processes that compile kernels ahead (0: none)")
@@ -256,6 +276,8 @@ def main() -> None:
             jobs += [(cfg, ms[0], r) for r in rs for _, ms, cands in SWEEP for cfg in cands]
         if args.explore:
             jobs += [(cfg, ms[0], 8) for _, ms, cands in EXPLORE for cfg in cands]
+        if args.gemv:
+            jobs += [(cfg, m, 8) for _, ms, cands in GEMV for cfg in cands for m in ms]
         precompile(jobs, args.jobs)
     if args.profile_one:
         m = args.profile_one
@@ -276,6 +298,8 @@ def main() -> None:
         if args.adopt_sweep:
             tail_configs.BF16_TABLE = tuple(table)
             meta["table"] = "adopted from this run's sweep"
+    if args.gemv:
+        sweep(weights, ceil, args.out, meta, buckets=GEMV, name="tail_gemv")
     if args.no_bench:
         return
     tail.warmup(m_values=DECODE_M + PREFILL_M, r_values=R_VALUES)

@@ -16,14 +16,16 @@ from latent_moe_fusion.ops import gluon_kernels as gk
 from latent_moe_fusion.ops.gluon_kernels import routed_gemm as rg
 from latent_moe_fusion.ops.triton_kernels.combine import combine_kernel
 from latent_moe_fusion.ops.triton_kernels.split_k import l1_finish_kernel
+from latent_moe_fusion.ops.triton_kernels.tail_gemv import tail_gemv_kernel
 from latent_moe_fusion.ops.triton_kernels.tail_kernels import tail_swap_kernel, tail_swap_tma_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 
 
-def _triton(fn, sig: dict, consts: dict, warps: int, stages: int = 3):
+def _triton(fn, sig: dict, consts: dict, warps: int, stages: int = 3, aligned: tuple[str, ...] = ()):
+    """aligned: integer arguments the JIT would see as multiples of 16 at the real sizes."""
     sig = dict(sig) | {n: "constexpr" for n in consts}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items()) if t.startswith("*")}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items()) if t.startswith("*") or n in aligned}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=TARGET, options={"num_warps": warps, "num_stages": stages, "launch_pdl": True})
 
@@ -57,6 +59,38 @@ def positions(ptx: str) -> dict:
     }
 
 
+_REG = re.compile(r"%[a-z]+\d+")
+_PARAM = re.compile(r"\[(\w+_param_(\d+))\]")
+
+
+def params_loaded_before_wait(ptx: str, names: list[str]) -> list[list[str]]:
+    """For every ld.global before griddepcontrol.wait: the kernel parameters its address derives from.
+
+    A forward data-flow pass over the straight-line code before the wait: `ld.param` seeds a register
+    with its parameter, every other instruction's first register (its destination) takes the union of
+    the parameters of the registers it reads."""
+    origin: dict[str, set[str]] = {}
+    loads = []
+    for line in (ln.strip() for ln in ptx.splitlines()):
+        if line.startswith("griddepcontrol.wait"):
+            return loads
+        regs = _REG.findall(line.split("//")[0])
+        if not regs or line.startswith((".reg", "//", ".loc")):
+            continue
+        param = _PARAM.search(line)
+        if line.startswith("ld.param") and param:
+            origin[regs[0]] = {names[int(param.group(2))]}
+            continue
+        if re.match(r"(@%p\d+ )?ld\.global", line):
+            address = line[line.rindex("["):]
+            loads.append(sorted(set().union(*(origin.get(r, set()) for r in _REG.findall(address)))))
+            continue
+        if line.startswith(("st.", "@")):
+            continue
+        origin[regs[0]] = set().union(*(origin.get(r, set()) for r in regs[1:]))
+    return loads
+
+
 def main() -> None:
     tail_sig = {"a_ptr": "*bf16", "w_ptr": "*bf16", "f_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32",
                 "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "steps_per_split": "i32",
@@ -65,6 +99,13 @@ def main() -> None:
     tail_consts = dict(s_ak=1, s_wk=1, s_fn=1, s_on=1, R=1, BLOCK_N=64, BLOCK_M=16, BLOCK_K=128, SPLIT_K=2,
                        EVEN_K=True, FRAG_GROUP=1, DOT_FP32=False, PRECISION="tf32", PDL=True, PREFETCH_STEPS=4)
     out = {"tail_swap_kernel": _triton(tail_swap_kernel, tail_sig, tail_consts, 4, 5)}
+    gemv_sig = {"a_ptr": "*bf16", "w_ptr": "*bf16", "f_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32",
+                "K": "i32", "s_am": "i32", "s_ak": "constexpr", "s_wn": "i32", "s_wk": "constexpr", "s_fr": "i32",
+                "s_fm": "i32", "s_fn": "constexpr", "s_om": "i32", "s_on": "constexpr"}
+    gemv_consts = dict(s_ak=1, s_wk=1, s_fn=1, s_on=1, R=2, BLOCK_N=8, BLOCK_M=1, BLOCK_K=512, PRELOAD_K=1024,
+                       EVEN_K=True, FRAG_GROUP=2, PDL=True)
+    gemv = _triton(tail_gemv_kernel, gemv_sig, gemv_consts, 4, aligned=("N", "K", "s_am", "s_wn", "s_fr", "s_fm", "s_om"))
+    out["tail_gemv_kernel"] = gemv
     tma_sig = {"a_desc": "tensordesc<bf16[16, 128]>", "w_desc": "tensordesc<bf16[64, 128]>", "f_ptr": "*bf16",
                "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
                "steps_per_split": "i32", "s_fr": "i32", "s_fm": "i32", "s_fn": "i32", "s_om": "i32", "s_on": "i32"}
@@ -85,7 +126,10 @@ def main() -> None:
                                    gk.L1_WARPS)
     out["l2_regs_kernel"] = _gluon(rg.l2_regs_kernel, L2_SIG, common | dict(num_warps=gk.L2_WARPS, PDL=True),
                                    gk.L2_WARPS)
-    print(json.dumps({name: positions(k.asm["ptx"]) for name, k in out.items()}))
+    found = {name: positions(k.asm["ptx"]) for name, k in out.items()}
+    runtime_args = [n for n, t in gemv_sig.items() if t != "constexpr"]  # the PTX parameters, in order
+    found["tail_gemv_kernel"]["before_wait"] = params_loaded_before_wait(gemv.asm["ptx"], runtime_args)
+    print(json.dumps(found))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,15 @@ def test_tail_prefetches_weights_then_waits_before_any_access(where):
     assert 0 <= tma["wait"] < tma["tensor_copy"] and tma["wait"] < tma["load"], tma
 
 
+def test_gemv_tail_reads_only_weights_before_its_wait(where):
+    g = where["tail_gemv_kernel"]
+    # The preload: 1024 columns x 8 rows over 128 threads = 8 sixteen-byte loads per thread, every one
+    # addressed from w_ptr alone; A and the fragments (written by the predecessor) only after the wait.
+    pointers = {"a_ptr", "w_ptr", "f_ptr", "out_ptr"}
+    assert [sorted(pointers.intersection(load)) for load in g["before_wait"]] == [["w_ptr"]] * 8, g["before_wait"]
+    assert 0 <= g["wait"] < g["store"], g
+
+
 def test_producers_signal_before_their_loads(where):
     for name in ("combine_kernel", "l1_regs_kernel"):
         k = where[name]

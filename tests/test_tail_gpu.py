@@ -82,6 +82,10 @@ def test_every_table_config_at_kimi_sizes(table, rng_seed):
 
 # Every kernel variant (not only those in the table), each with an odd M and R = 8 strided fragments.
 VARIANTS = [
+    TailConfig("gemv", 4, 8, 512, preload_k=1024),
+    TailConfig("gemv", 4, 16, 256, num_warps=2, preload_k=0),
+    TailConfig("gemv", 8, 4, 1024, num_warps=4, preload_k=2048),
+    TailConfig("gemv", 4, 4, 512, num_warps=2, num_stages=3, preload_k=1024),
     TailConfig("swap", 16, 64, 128, split_k=4),
     TailConfig("swap_tma", 16, 64, 128, split_k=2),
     TailConfig("swap_tma", 64, 128, 64, num_warps=8, split_k=1),
@@ -92,7 +96,7 @@ VARIANTS = [
 
 @pytest.mark.parametrize("cfg", VARIANTS, ids=lambda c: c.label())
 def test_every_kernel_variant(cfg, rng_seed):
-    m = 13 if cfg.kernel.startswith("swap") else 301
+    m = 3 if cfg.kernel == "gemv" else 13 if cfg.kernel.startswith("swap") else 301
     a = torch.randn(m, 3584, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(7168, 3584, dtype=torch.bfloat16, device="cuda")
     frags = torch.randn(m, 8, 7168, dtype=torch.bfloat16, device="cuda").transpose(0, 1)
@@ -127,7 +131,7 @@ def test_triton_is_the_default_cuda_backend():
     assert select_backend("latent_tail", "cuda", y, w, ws, "local", None).name == "triton"
 
 
-@pytest.mark.parametrize("m", [3, 40, 100, 700])
+@pytest.mark.parametrize("m", [1, 3, 40, 100, 700])
 def test_deterministic_run_to_run(m, rng_seed):
     a = torch.randn(m, 3584, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(7168, 3584, dtype=torch.bfloat16, device="cuda")
@@ -137,7 +141,7 @@ def test_deterministic_run_to_run(m, rng_seed):
         assert torch.equal(tail.tail_fused(a, w, frags), first)
 
 
-@pytest.mark.parametrize("m", [1, 24, 64, 128, 256])
+@pytest.mark.parametrize("m", [1, 4, 24, 64, 128, 256])
 def test_cuda_graph_capture_and_replay(m, rng_seed):
     tail.warmup(m_values=(m,), r_values=(8,))
     a = torch.randn(m, 3584, dtype=torch.bfloat16, device="cuda")
@@ -156,3 +160,13 @@ def test_cuda_graph_capture_and_replay(m, rng_seed):
         assert not out.isnan().any()
         assert _rel_l2(out, _ref64(a, w, frags)) < BF16_TOL
         assert torch.equal(out, tail.tail_fused(a, w, frags))  # replay == eager, bitwise
+
+
+@pytest.mark.parametrize("spec", ["off", "8x512x0", "16x256x2048w8", "4x512x1024w2s3"])
+def test_gemv_override_serves_a_few_tokens(spec, monkeypatch, rng_seed):
+    # Every LMF_TAIL_GEMV setting the tuning sweep uses computes the same function as the default.
+    monkeypatch.setenv("LMF_TAIL_GEMV", spec)
+    for m in (1, 2):
+        a = torch.randn(m, 3584, dtype=torch.bfloat16, device="cuda")
+        w = torch.randn(7168, 3584, dtype=torch.bfloat16, device="cuda")
+        _run_checked(a, w, torch.randn(1, m, 7168, dtype=torch.bfloat16, device="cuda"), BF16_TOL)

@@ -1,6 +1,6 @@
 """The Triton tail kernels at small sizes, on CPU through TRITON_INTERPRET=1 (set by conftest.py).
 
-Each kernel (swap-AB with and without split-K, the tiled kernel, its descriptor variant) is called
+Each kernel (the CUDA-core GEMV, swap-AB with and without split-K, the tiled kernel, its descriptor variant) is called
 through the launcher with an explicit small config and compared with a float64 reference; outputs
 are poisoned with NaN first so that any element left unwritten fails the check.
 """
@@ -22,6 +22,9 @@ from latent_moe_fusion.ops.triton_kernels.tail_configs import (
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run on CPU only")
 
 SMALL = {
+    "gemv": TailConfig("gemv", 4, 8, 32, preload_k=128),
+    "gemv_no_preload": TailConfig("gemv", 4, 16, 16, num_warps=2),
+    "gemv_pipelined": TailConfig("gemv", 4, 8, 32, num_stages=3, preload_k=32),
     "swap": TailConfig("swap", 16, 16, 32),
     "swap_split2": TailConfig("swap", 16, 16, 32, split_k=2),
     "swap_split3": TailConfig("swap", 32, 32, 16, split_k=3),
@@ -67,16 +70,41 @@ def _check(name: str, m: int, n: int, k: int, r: int, dtype: torch.dtype, layout
 def test_kernel_matches_float64(name, rng_seed):
     # Odd M, N and K: partial tiles everywhere, K tails masked.
     # (K = 72 keeps the descriptors' 16-byte row alignment; the pointer kernels also see a K tail.)
-    _check(name, m=5 if name.startswith("swap") and SMALL[name].block_m == 16 else 19, n=45, k=72, r=3,
-           dtype=torch.bfloat16)
+    m = 3 if name.startswith("gemv") else 5 if name.startswith("swap") and SMALL[name].block_m == 16 else 19
+    _check(name, m=m, n=45, k=72, r=3, dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("name", ["swap", "swap_split2", "swap_tma_split2", "tile"])
+@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("k", [72, 64, 200])
+def test_gemv_every_token_count_and_k(m, k, rng_seed):
+    # M padded to 1 / 2 / 4; the preload is a power of two <= K (K = 72: 64 then a masked 8-column step;
+    # K = 64: preload only, no loop step; K = 200: preload 128 then two steps, the last one masked).
+    _check("gemv", m=m, n=45, k=k, r=2, dtype=torch.bfloat16)
+
+
+def test_gemv_block_sizes():
+    from latent_moe_fusion.ops.triton_kernels.tail_gemv import gemv_block_sizes
+
+    assert gemv_block_sizes(1, 512, 1024, 3584) == (1, 512, 1024)
+    assert gemv_block_sizes(3, 512, 1024, 3584) == (4, 128, 256)
+    assert gemv_block_sizes(1, 512, 1024, 600) == (1, 512, 512)  # preload cut to a power of two <= K
+    assert gemv_block_sizes(1, 512, 0, 3584) == (1, 512, 0)
+    assert gemv_block_sizes(16, 64, 64, 3584) == (16, 16, 0)  # too small to preload
+
+
+def test_gemv_rejects_more_tokens_than_its_bucket(rng_seed):
+    a = torch.randn(5, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="does not serve M = 5"):  # SMALL["gemv"] serves M <= 4
+        tail.tail_fused(a, torch.randn(8, 32, dtype=torch.bfloat16), torch.randn(1, 5, 8, dtype=torch.bfloat16),
+                        config=SMALL["gemv"])
+
+
+@pytest.mark.parametrize("name", ["gemv", "swap", "swap_split2", "swap_tma_split2", "tile"])
 def test_token_publish_strided_fragments(name, rng_seed):
-    _check(name, m=7, n=48, k=64, r=2, dtype=torch.bfloat16, layout="token_publish")
+    _check(name, m=3 if name == "gemv" else 7, n=48, k=64, r=2, dtype=torch.bfloat16, layout="token_publish")
 
 
-@pytest.mark.parametrize("name", ["swap_split2", "tile"])
+@pytest.mark.parametrize("name", ["gemv", "swap_split2", "tile"])
 def test_float32_inputs(name, rng_seed):
     _check(name, m=3, n=33, k=40, r=1, dtype=torch.float32)
 
@@ -126,9 +154,46 @@ def test_config_table_covers_every_m():
         assert bounds == sorted(bounds)
         for m in (1, 2, 3, 16, 17, 100, 128, 129, 4096, 100_000):
             cfg = table_config(m, fp32)
-            assert not cfg.kernel.startswith("swap") or cfg.block_m >= m
+            assert cfg.kernel not in ("swap", "swap_tma", "gemv") or cfg.block_m >= m
     # Narrow N (a hidden_scatter slice) raises split-K; the Kimi width does not.
     wide = pick_config(8, 7168, 3584, False, 132)
     assert wide == table_config(8, False)
     narrow = fit_split_k(table_config(8, False), 896, 3584, 132)
     assert narrow.split_k > wide.split_k
+
+
+def test_gemv_override(monkeypatch):
+    from latent_moe_fusion.ops.triton_kernels.tail_configs import FEW_TOKENS_SWAP, GEMV_CONFIG, GEMV_ENV
+
+    assert table_config(1, False) == GEMV_CONFIG and table_config(2, False) == GEMV_CONFIG
+    assert table_config(3, False).kernel == "swap" and table_config(1, True).kernel == "swap"
+    monkeypatch.setenv(GEMV_ENV, "off")
+    assert table_config(1, False) == FEW_TOKENS_SWAP
+    monkeypatch.setenv(GEMV_ENV, "16x256x2048w8")
+    forced = table_config(2, False)
+    assert (forced.kernel, forced.block_n, forced.block_k, forced.preload_k, forced.num_warps, forced.num_stages) == (
+        "gemv", 16, 256, 2048, 8, 1)
+    monkeypatch.setenv(GEMV_ENV, "4x512x0w2s3")
+    assert (table_config(1, False).num_warps, table_config(1, False).num_stages) == (2, 3)
+    assert table_config(3, False).kernel == "swap"  # the override acts on the few-token bucket only
+    for bad in ("8x500x1024", "8x512", "fast", "8x512x1000", "8x512x1024s0"):
+        monkeypatch.setenv(GEMV_ENV, bad)
+        with pytest.raises(ValueError, match=GEMV_ENV):
+            table_config(1, False)
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_gemv_without_fragments_is_a_plain_rounded_gemv(m, rng_seed):
+    # The producer's shared down-projection: launch_gemv with no fragments, written into a strided view.
+    from latent_moe_fusion.ops.triton_kernels.tail_configs import TailConfig as Cfg
+
+    a = torch.randn(m, 96, dtype=torch.bfloat16)
+    w = torch.randn(40, 96, dtype=torch.bfloat16)
+    dest = torch.full((m, 2, 40), float("nan"), dtype=torch.bfloat16)
+    out = dest[:, 1, :]
+    tail.launch_gemv(a, w, a.new_empty(0, m, 40), out, Cfg("gemv", 2, 4, 32, num_warps=1, preload_k=64), pdl=False)
+    assert not out.isnan().any() and dest[:, 0, :].isnan().all()
+    assert _rel_l2(out, a.double() @ w.double().t()) < 1e-2
+    with pytest.raises(ValueError, match="does not serve M = 3"):
+        tail.launch_gemv(torch.randn(3, 96, dtype=torch.bfloat16), w, a.new_empty(0, 3, 40), out,
+                         Cfg("gemv", 2, 4, 32), pdl=False)

@@ -152,9 +152,11 @@ def decode_shared_tiles(default: tuple[int, int] = DECODE_SHARED_TILES) -> tuple
 
 SHARED_SPLIT_ENV = "LMF_PRODUCER_SHARED_SPLIT"  # tuning override: K slices of the single-token shared gate/up
 SHARED_L2_ROWS_ENV = "LMF_PRODUCER_SHARED_L2_ROWS"  # tuning override: weight rows per shared down program
-SHARED_L2_K_ENV = "LMF_PRODUCER_SHARED_L2_K"  # tuning override: K tile of the shared down programs (not yet
-# measured: beside the regs kernels the Triton L2 grid holds only these BF16 tiles, so the shallow K tile
-# that sized shared memory for the routed MXFP4 tiles no longer has to hold; graph_timeline.md, M = 1)
+SHARED_L2_K_ENV = "LMF_PRODUCER_SHARED_L2_K"  # tuning override: K tile of the shared down programs
+# Beside the regs kernels the Triton L2 grid holds only BF16 shared tiles, so the shallow K tile that sized
+# shared memory for the routed MXFP4 tiles need not hold. A single token's block: 94.0 / 94.3 / 95.1 us with
+# K tiles 64 / 128 / 32 (H200, bench/results/decode_tuning_shared_l2.md); larger M keeps 32 (not measured).
+REGS_SINGLE_TOKEN_SHARED_L2_K = 64
 
 
 def _env_power_of_two(name: str, default: int, low: int) -> int:
@@ -201,7 +203,7 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
                 # (2, 4, 8 from M = 8 on) were slower on the H200 (producer_notes.md, run 6).
                 split = _env_power_of_two(SHARED_SPLIT_ENV, REGS_SINGLE_TOKEN_SHARED_SPLIT, 1) if single else 1
                 bn2_s = _env_power_of_two(SHARED_L2_ROWS_ENV, 64, 16)
-                bk2_s = _env_power_of_two(SHARED_L2_K_ENV, 32, 16)
+                bk2_s = _env_power_of_two(SHARED_L2_K_ENV, REGS_SINGLE_TOKEN_SHARED_L2_K if single else 32, 16)
                 return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=bm == 16, split_k=split),
                                       GemmTiles(64, 128, 4, 4, bk2_s, 128 if bm == 16 else 0, bn2_s, tma=bm == 16),
                                       dequant, True, regs_decode_split(num_pairs))

@@ -27,6 +27,7 @@ from ..pdl import use_pdl
 from .tail_configs import TailConfig, pick_config
 
 try:
+    from .tail_gemv import gemv_block_sizes, tail_gemv_kernel
     from .tail_kernels import tail_swap_kernel, tail_swap_tma_kernel, tail_tile_kernel, tail_tile_tma_kernel
 
     _IMPORT_ERROR: str | None = None
@@ -106,6 +107,27 @@ def _frag_group(config: TailConfig, r: int) -> int:
     return max((g for g in range(1, r + 1) if r % g == 0 and (g == 1 or g * regs_per_fragment <= 64)), default=1)
 
 
+def launch_gemv(a: torch.Tensor, w: torch.Tensor, frags: torch.Tensor, out: torch.Tensor, config: TailConfig,
+                pdl: bool) -> torch.Tensor:
+    """out = round(((a @ w^T) + frags[0]) + ...) by the CUDA-core GEMV (tail_gemv.py); frags may be [0, M, N]
+    (a plain GEMV: the producer's shared down-projection for a token or two). pdl: launch as a
+    programmatic dependent (the kernel waits for its predecessor after loading its first weights)."""
+    m, k = a.shape
+    n = w.shape[0]
+    if config.kernel != "gemv" or config.block_m < m:
+        raise ValueError(f"launch_gemv: config {config.label()} does not serve M = {m} (a gemv config with "
+                         f"block_m >= M is needed)")
+    block_m, block_k, preload_k = gemv_block_sizes(m, config.block_k, config.preload_k, k)
+    tail_gemv_kernel[(_cdiv(n, config.block_n),)](
+        a, w, frags, out, m, n, k,
+        a.stride(0), a.stride(1), w.stride(0), w.stride(1), *frags.stride(), *out.stride(),
+        R=frags.shape[0], BLOCK_N=config.block_n, BLOCK_M=block_m, BLOCK_K=block_k, PRELOAD_K=preload_k,
+        STAGES=config.num_stages, EVEN_K=(k - preload_k) % block_k == 0, FRAG_GROUP=_frag_group(config, frags.shape[0]),
+        PDL=pdl, num_warps=config.num_warps, launch_pdl=pdl,
+    )
+    return out
+
+
 def tail_fused(
     a: torch.Tensor,
     w: torch.Tensor,
@@ -126,6 +148,8 @@ def tail_fused(
     dot_fp32, precision = _dot_mode(a.dtype)
     frag_strides = frags.stride()
     out_strides = out.stride()
+    if config.kernel == "gemv":
+        return launch_gemv(a, w, frags, out, config, pdl=use_pdl("tail", a.device))
     if config.kernel in ("swap", "swap_tma"):
         if config.block_m < m:
             raise ValueError(f"swap config {config.label()} serves M <= {config.block_m}, got M = {m}")
@@ -214,7 +238,7 @@ def supports(y_n, w_up, ws, mode, group_name=None) -> str | None:
 
 
 def warmup(
-    m_values: tuple[int, ...] = (1, 16, 32, 64, 128, 256),
+    m_values: tuple[int, ...] = (1, 2, 16, 32, 64, 128, 256),
     n: int = 7168,
     k: int = 3584,
     r_values: tuple[int, ...] = (1, 8),
