@@ -177,14 +177,11 @@ def test_shared_program_overrides_reject_bad_values(hopper, monkeypatch, env, fo
         producer_config.pick_config(16, "mxfp4", torch.bfloat16, LOCAL_EXPERTS)
 
 
-@pytest.mark.parametrize("down", ["gemv", "grid"])
-def test_shared_grids_beside_the_regs_kernels_get_int32_index_tensors(monkeypatch, down):
+def test_shared_grids_beside_the_regs_kernels_get_int32_index_tensors(monkeypatch):
     """Beside the register-dequant kernels the grouping runs after the shared expert's launches; the Triton
-    grids then get placeholder index tensors, which must still be int32 (they are compiled with them).
-    A single token's shared down-projection goes to the GEMV unless LMF_SHARED_DOWN=grid."""
+    grids then get placeholder index tensors, which must still be int32 (they are compiled with them)."""
     from dataclasses import replace
 
-    monkeypatch.setenv(expert_schedule.SHARED_DOWN_ENV, down)
     launched = {}
 
     class Recorder:
@@ -202,7 +199,6 @@ def test_shared_grids_beside_the_regs_kernels_get_int32_index_tensors(monkeypatc
     monkeypatch.setattr(expert_schedule, "launch_routed_l1", lambda *a, **k: launched.setdefault("routed_l1", a))
     monkeypatch.setattr(expert_schedule, "launch_routed_l2", lambda *a, **k: launched.setdefault("routed_l2", a))
     monkeypatch.setattr(expert_schedule, "launch_combine", lambda *a, **k: None)
-    monkeypatch.setattr(expert_schedule, "launch_gemv", lambda *a, **k: launched.setdefault("gemv", (a, k)))
     monkeypatch.setattr(expert_schedule, "_side_stream", lambda dev: None)
     monkeypatch.setattr(expert_schedule, "shared_strategy", lambda m_s: "side")
     hidden, inter_s, latent, inter, experts = 64, 32, 64, 64, 4
@@ -221,13 +217,8 @@ def test_shared_grids_beside_the_regs_kernels_get_int32_index_tensors(monkeypatc
     cfg = replace(base, bm=16, routed_regs=True, regs_split=(1, 1))
     expert_schedule.run_experts(z, ids, torch.rand(1, 2), w13, w2, s13, s2, "mxfp4", 4.0, 25.0,
                                 shared=shared, config=cfg)
-    down_kernel = "gemv" if down == "gemv" else "l2"
-    assert set(launched) == {"l1", down_kernel, "routed_l1", "routed_l2"}, sorted(launched)
-    if down == "gemv":
-        act_s, w2_s, frags, s_out, gemv_cfg = launched["gemv"][0]
-        assert w2_s is shared.w2_s and s_out is shared.out and frags.shape == (0, 1, hidden)
-        assert gemv_cfg == expert_schedule.SHARED_DOWN_GEMV and launched["gemv"][1] == {"pdl": False}
-    for name in ("l1", down_kernel)[: 2 if down == "grid" else 1]:
+    assert set(launched) == {"l1", "l2", "routed_l1", "routed_l2"}, sorted(launched)
+    for name in ("l1", "l2"):
         sorted_pairs, block_expert = launched[name][3], launched[name][4]
         assert sorted_pairs.dtype == torch.int32 and block_expert.dtype == torch.int32, name
     assert launched["routed_l1"][3].dtype == torch.int32  # the real grouping, launched after the side stream's work

@@ -201,18 +201,3 @@ def test_out_of_range_ids_on_cuda_raise_after_the_deferred_check(op, rng_seed):
     with pytest.raises(LmfInputError, match=f"topk_ids holds expert id {num_experts} but w13 has only {num_experts}"):
         getattr(torch.ops.lmf, op)(*args)
     torch.cuda.synchronize()  # and the kernels that ran on the bad ids left the device usable
-
-
-@pytest.mark.parametrize("down", ["gemv", "grid"])
-@pytest.mark.parametrize("m", [1, 2, 3])
-def test_shared_down_projection_gemv_and_grid(down, m, monkeypatch, rng_seed):
-    # Beside the register-dequant kernels a token or two take the CUDA-core GEMV for the shared
-    # down-projection (expert_schedule.SHARED_DOWN_GEMV); LMF_SHARED_DOWN=grid and M = 3 keep the L2 grid.
-    monkeypatch.setenv("LMF_SHARED_DOWN", down)
-    p = make_problem(m, weight_format="mxfp4", device="cuda", **KIMI_RANK)
-    y, s = _poisoned_run(p)
-    y2, s2 = _poisoned_run(p)
-    ref_y, ref_s = p.reference_producer()
-    assert rel_l2(y, ref_y) < tolerance(torch.bfloat16)
-    assert rel_l2(s, ref_s) < tolerance(torch.bfloat16)
-    assert torch.equal(y, y2) and torch.equal(s, s2)

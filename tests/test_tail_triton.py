@@ -181,19 +181,3 @@ def test_gemv_override(monkeypatch):
         with pytest.raises(ValueError, match=GEMV_ENV):
             table_config(1, False)
 
-
-@pytest.mark.parametrize("m", [1, 2])
-def test_gemv_without_fragments_is_a_plain_rounded_gemv(m, rng_seed):
-    # The producer's shared down-projection: launch_gemv with no fragments, written into a strided view.
-    from latent_moe_fusion.ops.triton_kernels.tail_configs import TailConfig as Cfg
-
-    a = torch.randn(m, 96, dtype=torch.bfloat16)
-    w = torch.randn(40, 96, dtype=torch.bfloat16)
-    dest = torch.full((m, 2, 40), float("nan"), dtype=torch.bfloat16)
-    out = dest[:, 1, :]
-    tail.launch_gemv(a, w, a.new_empty(0, m, 40), out, Cfg("gemv", 2, 4, 32, num_warps=1, preload_k=64), pdl=False)
-    assert not out.isnan().any() and dest[:, 0, :].isnan().all()
-    assert _rel_l2(out, a.double() @ w.double().t()) < 1e-2
-    with pytest.raises(ValueError, match="does not serve M = 3"):
-        tail.launch_gemv(torch.randn(3, 96, dtype=torch.bfloat16), w, a.new_empty(0, 3, 40), out,
-                         Cfg("gemv", 2, 4, 32), pdl=False)

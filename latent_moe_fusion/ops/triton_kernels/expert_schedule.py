@@ -12,8 +12,8 @@ Beyond GRID_SHARED_MAX_TOKENS the shared expert runs as cuBLAS GEMMs between the
 
 MXFP4 decode on sm_90: the routed tiles of 2 and 3 run on the Gluon register-dequant kernels
 (ops/gluon_kernels) instead; the shared expert runs in the Triton grids alone or as cuBLAS GEMMs, on a
-side stream or in line, by token count (shared_strategy); for one or two tokens its down-projection
-runs on the tail's CUDA-core GEMV (tail_gemv.py) instead of the L2 grid's MMA tiles.
+side stream or in line, by token count (shared_strategy). (The tail's CUDA-core GEMV for a token's
+shared down-projection measured no faster in the block: bench/results/decode_tuning_gemv.md.)
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ from .moe_align import group_by_expert, max_blocks
 from .producer_config import ProducerConfig, config_context, interpreting, pick_config
 from .shared_by_library import shared_by_library
 from .split_k import launch_l1_finish
-from .tail import launch_gemv
-from .tail_configs import TailConfig
 from .weight_tiles import dot_precision
 
 
@@ -122,12 +120,6 @@ SHARED_ENV = "LMF_REGS_SHARED"  # override: side | cublas | cublas_side
 SHARED_STRATEGIES = ("side", "cublas", "cublas_side")
 SHARED_SIDE_MAX_TOKENS = 4  # up to here: the Triton shared grids on the side stream
 SHARED_CUBLAS_SIDE_MAX_TOKENS = 16  # up to here: cuBLAS on the side stream; beyond: cuBLAS in line
-SHARED_DOWN_ENV = "LMF_SHARED_DOWN"  # A/B switch: "grid" keeps a token's shared down-projection on the L2 grid
-SHARED_DOWN_GEMV_MAX_TOKENS = 2
-# Beside the register-dequant kernels, up to 2 tokens' shared down-projection ([7168, 768] BF16, 11 MB)
-# runs on the tail's CUDA-core GEMV: 1792 programs of 4 rows instead of 112 MMA programs of 64 rows
-# (11.4 us at M = 1, the producer's critical path; bench/results/graph_timeline.md).
-SHARED_DOWN_GEMV = TailConfig("gemv", SHARED_DOWN_GEMV_MAX_TOKENS, 4, 256, num_warps=1, num_stages=1, preload_k=512)
 GRID_SHARED_ENV = "LMF_GRID_SHARED"  # override for the Triton routed grids: grid | cublas
 GRID_SHARED_STRATEGIES = ("grid", "cublas")
 GRID_SHARED_MAX_TOKENS = 256  # prefill beyond: cuBLAS (measured at 4096); decode sizes keep one launch
@@ -259,16 +251,13 @@ def run_experts(
     shared_how = "none"
     if shared is not None and shared.x_s.shape[0] > 0:
         shared_how = shared_strategy(shared.x_s.shape[0]) if regs else grid_shared_strategy(shared.x_s.shape[0])
-    down_by_gemv = False
     if shared_how in ("side", "grid"):
         x_s, w1_s, w3_s, w2_s, s_out = shared.x_s, shared.w1_s, shared.w3_s, shared.w2_s, shared.out
         m_s, hidden = x_s.shape
         inter_s = w1_s.shape[0]
         act_s = torch.empty(m_s, inter_s, dtype=z.dtype, device=dev)
         sh_l1 = triton.cdiv(m_s, bm) * triton.cdiv(inter_s, cfg.l1.shared_bn)
-        down_by_gemv = (regs and shared_how == "side" and m_s <= SHARED_DOWN_GEMV_MAX_TOKENS
-                        and z.dtype == torch.bfloat16 and os.environ.get(SHARED_DOWN_ENV, "gemv") != "grid")
-        sh_l2 = 0 if down_by_gemv else triton.cdiv(m_s, bm) * triton.cdiv(hidden, cfg.l2.shared_bn)
+        sh_l2 = triton.cdiv(m_s, bm) * triton.cdiv(hidden, cfg.l2.shared_bn)
     else:
         # No shared work (n_shared_tiles = 0): the shared arguments are never read; sizes like the
         # routed ones keep the compiled kernel the same as the producer's.
@@ -315,8 +304,6 @@ def run_experts(
                                  beta, lin_beta, bm, split1, interp)
         if in_line_library and not regs:
             shared_as_library()
-        if down_by_gemv:
-            launch_gemv(act_s, w2_s, act_s.new_empty(0, m_s, hidden), s_out, SHARED_DOWN_GEMV, pdl=False)
         if grid2 > 0:
             l2_kernel[(grid2,)](
                 act, w2, w2s, sorted_pairs, block_expert, pairs, w2_desc,

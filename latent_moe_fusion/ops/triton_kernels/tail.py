@@ -109,8 +109,7 @@ def _frag_group(config: TailConfig, r: int) -> int:
 
 def launch_gemv(a: torch.Tensor, w: torch.Tensor, frags: torch.Tensor, out: torch.Tensor, config: TailConfig,
                 pdl: bool) -> torch.Tensor:
-    """out = round(((a @ w^T) + frags[0]) + ...) by the CUDA-core GEMV (tail_gemv.py); frags may be [0, M, N]
-    (a plain GEMV: the producer's shared down-projection for a token or two). pdl: launch as a
+    """out = round(((a @ w^T) + frags[0]) + ...) by the CUDA-core GEMV (tail_gemv.py). pdl: launch as a
     programmatic dependent (the kernel waits for its predecessor after loading its first weights)."""
     m, k = a.shape
     n = w.shape[0]
