@@ -39,7 +39,7 @@ from latent_moe_fusion.ops.triton_kernels.tail_configs import GEMV_ENV  # noqa: 
 KNOBS: dict[str, tuple[str, ...]] = {
     PDL_ENV: ("none", "tail"),
     PREFETCH_ENV: ("0", "4"),
-    GROUP_FIRST_ENV: ("1",),
+    GROUP_FIRST_ENV: ("0", "1"),
     SHARED_SPLIT_ENV: ("2", "8"),
     SHARED_TILES_ENV: ("32x64", "16x128"),
     SHARED_L2_ROWS_ENV: ("32", "128"),
@@ -48,7 +48,7 @@ KNOBS: dict[str, tuple[str, ...]] = {
 }
 # Knobs that act only up to this many tokens (the side-stream Triton shared expert, the grouping order).
 ACTIVE_UP_TO = {SHARED_SPLIT_ENV: 1, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4, SHARED_L2_K_ENV: 4,
-                GROUP_FIRST_ENV: 4, GEMV_ENV: 2}
+                GROUP_FIRST_ENV: 16, GEMV_ENV: 2}
 
 
 def _time(fn, xs, env: dict[str, str]) -> float:

@@ -115,7 +115,8 @@ def _resolve_config(
     return cfg
 
 
-GROUP_FIRST_ENV = "LMF_GROUP_FIRST"  # "1": the grouping before the shared expert's side-stream fork (A/B switch)
+GROUP_FIRST_ENV = "LMF_GROUP_FIRST"  # A/B switch: "1" the grouping before the shared expert's side-stream fork, "0" after
+GROUP_AFTER_FORK_MAX_TOKENS = 1  # beside the regs kernels, up to here the grouping goes after the fork
 SHARED_ENV = "LMF_REGS_SHARED"  # override: side | cublas | cublas_side
 SHARED_STRATEGIES = ("side", "cublas", "cublas_side")
 SHARED_SIDE_MAX_TOKENS = 4  # up to here: the Triton shared grids on the side stream
@@ -235,10 +236,15 @@ def run_experts(
         split2 = 1  # the Triton L2 then holds only shared tiles, which are never split
     pairs_shape = (max(num_pairs, 1), latent) if pair_slices == 1 else (pair_slices, max(num_pairs, 1), latent)
     pairs = torch.empty(pairs_shape, dtype=torch.float32, device=dev)
-    # The grouping goes first where the Triton grids hold routed tiles; beside the register-dequant
-    # kernels it goes after the side stream's fork, so that the shared expert does not wait for it
-    # (H200, M = 1: the shared chain is the producer's critical path; bench/results/graph_timeline.md).
-    group_first = not regs or os.environ.get(GROUP_FIRST_ENV, "0") == "1"
+    # The grouping goes first where the Triton grids hold routed tiles, and beside the register-dequant
+    # kernels from 2 tokens on: run beside the shared GEMMs, its one program slowed from 2.7 to 5.7-13 us
+    # at M = 8 on the routed chain, the critical one there (H200 block, group first: 111.0 / 148.7 /
+    # 202.9 us against 113.7 / 153.2 / 205.6 at M = 2 / 4 / 8; decode_tuning_group_first.md). A single
+    # token's shared chain is the critical one: its grouping goes after the side stream's fork.
+    forced = os.environ.get(GROUP_FIRST_ENV, "")
+    if forced not in ("", "0", "1"):
+        raise ValueError(f"{GROUP_FIRST_ENV}={forced!r}: expected 1 (group first), 0 (after the fork) or unset")
+    group_first = not regs or (forced == "1" if forced else topk_ids.shape[0] > GROUP_AFTER_FORK_MAX_TOKENS)
     grouping = group_by_expert(topk_ids, num_experts, bm) if num_pairs > 0 and group_first else None
     if grouping is None:  # grids of shared tiles only never read these; int32 like the real ones (kernel types)
         sorted_pairs = block_expert = torch.empty(1, dtype=torch.int32, device=dev)
