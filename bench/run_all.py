@@ -12,6 +12,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 # (script, extra arguments, module it needs beyond the base install or None)
 BENCHMARKS = (
     ("tail.py", (), None),
+    ("tail.py", ("--gemv", "--no-bench"), None),  # the few-token GEMV against swap-AB (tail_gemv.md)
     ("tail_cute.py", (), "cutlass"),
     ("tail_cublas.py", (), None),  # after tail_cute: it compares cuBLAS addmm with the tail the op then picks
     ("producer.py", (), None),

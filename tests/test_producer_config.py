@@ -177,9 +177,9 @@ def test_shared_program_overrides_reject_bad_values(hopper, monkeypatch, env, fo
         producer_config.pick_config(16, "mxfp4", torch.bfloat16, LOCAL_EXPERTS)
 
 
-def test_shared_grids_beside_the_regs_kernels_get_int32_index_tensors(monkeypatch):
-    """Beside the register-dequant kernels the grouping runs after the shared expert's launches; the Triton
-    grids then get placeholder index tensors, which must still be int32 (they are compiled with them)."""
+def _launch_order_beside_the_regs_kernels(monkeypatch, tokens: int) -> dict:
+    """run_experts with every launch recorded (name -> arguments, in launch order), routed tiles on the
+    register-dequant kernels and the shared expert's Triton grids on the side stream."""
     from dataclasses import replace
 
     launched = {}
@@ -201,24 +201,53 @@ def test_shared_grids_beside_the_regs_kernels_get_int32_index_tensors(monkeypatc
     monkeypatch.setattr(expert_schedule, "launch_combine", lambda *a, **k: None)
     monkeypatch.setattr(expert_schedule, "_side_stream", lambda dev: None)
     monkeypatch.setattr(expert_schedule, "shared_strategy", lambda m_s: "side")
+    real_grouping = expert_schedule.group_by_expert
+
+    def grouping(*args):
+        launched.setdefault("grouping", args)
+        return real_grouping(*args)
+
+    monkeypatch.setattr(expert_schedule, "group_by_expert", grouping)
     hidden, inter_s, latent, inter, experts = 64, 32, 64, 64, 4
-    z = torch.randn(1, latent, dtype=torch.bfloat16)
-    ids = torch.tensor([[0, 2]], dtype=torch.int32)
+    z = torch.randn(tokens, latent, dtype=torch.bfloat16)
+    ids = torch.tensor([[0, 2], [1, 3]][:tokens], dtype=torch.int32)
     w13 = torch.zeros(experts, 2 * inter, latent // 2, dtype=torch.uint8)
     w2 = torch.zeros(experts, latent, inter // 2, dtype=torch.uint8)
     s13 = torch.zeros(experts, 2 * inter, latent // 32, dtype=torch.uint8)
     s2 = torch.zeros(experts, latent, inter // 32, dtype=torch.uint8)
-    x_s = torch.randn(1, hidden, dtype=torch.bfloat16)
+    x_s = torch.randn(tokens, hidden, dtype=torch.bfloat16)
     shared = expert_schedule.SharedExpert(x_s, torch.randn(inter_s, hidden, dtype=torch.bfloat16),
                                           torch.randn(inter_s, hidden, dtype=torch.bfloat16),
                                           torch.randn(hidden, inter_s, dtype=torch.bfloat16),
-                                          torch.empty(1, hidden, dtype=torch.bfloat16))
+                                          torch.empty(tokens, hidden, dtype=torch.bfloat16))
     base = producer_config.pick_config(2, "mxfp4", torch.bfloat16, experts)
     cfg = replace(base, bm=16, routed_regs=True, regs_split=(1, 1))
-    expert_schedule.run_experts(z, ids, torch.rand(1, 2), w13, w2, s13, s2, "mxfp4", 4.0, 25.0,
+    expert_schedule.run_experts(z, ids, torch.rand(tokens, 2), w13, w2, s13, s2, "mxfp4", 4.0, 25.0,
                                 shared=shared, config=cfg)
-    assert set(launched) == {"l1", "l2", "routed_l1", "routed_l2"}, sorted(launched)
+    return launched
+
+
+def test_shared_grids_beside_the_regs_kernels_get_int32_index_tensors(monkeypatch):
+    """Beside the register-dequant kernels a single token's grouping runs after the shared expert's
+    launches; the Triton grids then get placeholder index tensors, which must still be int32 (they are
+    compiled with them)."""
+    monkeypatch.delenv(expert_schedule.GROUP_FIRST_ENV, raising=False)
+    launched = _launch_order_beside_the_regs_kernels(monkeypatch, 1)
+    assert list(launched) == ["l1", "l2", "grouping", "routed_l1", "routed_l2"], list(launched)
     for name in ("l1", "l2"):
         sorted_pairs, block_expert = launched[name][3], launched[name][4]
         assert sorted_pairs.dtype == torch.int32 and block_expert.dtype == torch.int32, name
     assert launched["routed_l1"][3].dtype == torch.int32  # the real grouping, launched after the side stream's work
+
+
+@pytest.mark.parametrize(("tokens", "forced", "first"), [(2, "", True), (1, "1", True), (2, "0", False)])
+def test_grouping_goes_first_from_two_tokens_on(monkeypatch, tokens, forced, first):
+    monkeypatch.setenv(expert_schedule.GROUP_FIRST_ENV, forced)
+    order = list(_launch_order_beside_the_regs_kernels(monkeypatch, tokens))
+    assert (order.index("grouping") < order.index("l1")) == first, order
+
+
+def test_grouping_order_override_rejects_other_values(monkeypatch):
+    monkeypatch.setenv(expert_schedule.GROUP_FIRST_ENV, "yes")
+    with pytest.raises(ValueError, match="LMF_GROUP_FIRST='yes'"):
+        _launch_order_beside_the_regs_kernels(monkeypatch, 1)
