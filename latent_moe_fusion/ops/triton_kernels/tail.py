@@ -4,8 +4,9 @@
 for any strided [R, M, N] fragment view. The backend maps the three layouts onto it (token_publish:
 ws.transpose(0, 1); hidden_scatter: this rank's rows of w_up, then layouts.gather_columns).
 
-Decode launches go out as programmatic dependents where ops/pdl.py allows (site "tail"): the kernel
-prefetches its first weight steps to L2 and waits for the producer's combine, which signals early.
+Decode launches go out as programmatic dependents where ops/pdl.py allows (site "tail"): the swap-AB
+kernel prefetches its first weight steps to L2, the GEMV (one or two tokens) loads its first weight
+columns into registers, and both then wait for the producer's combine, which signals early.
 
 Capture safety: a launch does no host sync and allocates only with torch.empty (the output and, for
 split-K configs, the fp32 partials). Split-K arrival counters are one int32 per N tile, kept per

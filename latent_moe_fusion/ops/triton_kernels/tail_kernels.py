@@ -6,6 +6,7 @@ to the matmul accumulator in the fixed order r = 0..R-1 (the association of ops/
 so a given kernel configuration is bitwise deterministic run to run.
 
 Kernels, chosen per M bucket by tail_configs.py:
+- `tail_gemv_kernel` (tail_gemv.py, one or two tokens): a CUDA-core GEMV, many small programs.
 - `tail_swap_kernel` / `tail_swap_tma_kernel` (decode, small M): swap-AB, the accumulator is out^T [BLOCK_N, BLOCK_M] so that
   the weight rows fill the matrix unit's wide side and M is padded only to 16. The grid tiles N
   (and optionally K: SPLIT_K > 1) so that every SM streams its share of W. Split-K partials go to
