@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.block import compile_afresh, compiled, kimi_rank_block  # noqa: E402
 from bench.common import env_applied, environment, rel_l2, time_graph_ms, write_results  # noqa: E402
 from latent_moe_fusion.ops.pdl import PDL_ENV  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import GROUP_FIRST_ENV  # noqa: E402
+from latent_moe_fusion.ops.triton_kernels.expert_schedule import GROUP_FIRST_ENV, SHARED_ENV  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.producer_config import (  # noqa: E402
     REGS_SPLIT_ENV,
     SHARED_L2_K_ENV,
@@ -47,10 +47,11 @@ KNOBS: dict[str, tuple[str, ...]] = {
     SHARED_L2_K_ENV: ("32", "128"),
     GEMV_ENV: ("off", "2x512x1024w1", "4x512x1024w2"),
     REGS_SPLIT_ENV: ("2,2", "4,1", "7,2", "4,3"),
+    SHARED_ENV: ("cublas_side", "side"),
 }
 # Knobs that act only up to this many tokens (the side-stream Triton shared expert, the grouping order).
 ACTIVE_UP_TO = {SHARED_SPLIT_ENV: 1, REGS_SPLIT_ENV: 1, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4, SHARED_L2_K_ENV: 4,
-                GROUP_FIRST_ENV: 16, GEMV_ENV: 2}
+                GROUP_FIRST_ENV: 16, GEMV_ENV: 2, SHARED_ENV: 16}
 
 
 def _time(fn, xs, env: dict[str, str]) -> float:

@@ -145,7 +145,8 @@ def shared_strategy(m_s: int) -> str:
     one process, side / cublas_side / cublas (us; bench/results/shared_strategy.md):
     M = 1: 108.1 / 109.1 / 116.6, M = 2: 119.3 / 133.5 / 127.4, M = 4: 158.8 / 166.4 / 169.7,
     M = 8: 187.4 / 184.2 / 190.2, M = 12: 226.9 / 220.7 / 227.9, M = 16: 251.8 / 249.9 / 258.2,
-    M = 32: 320.5 / 345.3 / 314.4.
+    M = 32: 320.5 / 345.3 / 314.4. Re-measured after session 10's decode changes (decode_tuning_shared_placement.md):
+    M = 1: side 93.6 / cublas_side 97.0; M = 8: cublas_side 163.5 / side 169.5.
     """
     forced = _forced(SHARED_ENV, SHARED_STRATEGIES)
     if forced:
