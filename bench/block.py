@@ -107,6 +107,17 @@ def kimi_rank_block(router_gemm: str) -> lmf.KimiK3MoEBlock:
                               ep_size=8, ep_rank=0, router_gemm=router_gemm)
 
 
+def compiled_rank_block(router_gemm: str = "bf16"):
+    """The decode benchmarks' common start: seeded, compiled afresh, one Kimi K3 rank block and its
+    compiled forwards without and with the pass. Returns (block, compiled, compiled + fused, the pass)."""
+    torch.manual_seed(0)
+    compile_afresh()
+    block = kimi_rank_block(router_gemm)
+    base, _ = compiled(block, False)
+    fused, fpass = compiled(block, True)
+    return block, base, fused, fpass
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))

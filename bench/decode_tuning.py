@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.block import compile_afresh, compiled, kimi_rank_block  # noqa: E402
+from bench.block import compiled_rank_block  # noqa: E402
 from bench.common import env_applied, environment, rel_l2, time_graph_ms, write_results  # noqa: E402
 from latent_moe_fusion.ops.pdl import PDL_ENV  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import GROUP_FIRST_ENV, SHARED_ENV  # noqa: E402
@@ -66,11 +66,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--knobs", nargs="*", choices=sorted(KNOBS), help="sweep only these (default: all)")
     args = ap.parse_args()
-    torch.manual_seed(0)
-    compile_afresh()
-    block = kimi_rank_block("bf16")
-    base, _ = compiled(block, False)
-    fused, fpass = compiled(block, True)
+    block, base, fused, fpass = compiled_rank_block()
     rows = []
     for m in args.m:
         xs = [torch.randn(m, block.cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in range(4)]

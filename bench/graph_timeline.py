@@ -130,7 +130,7 @@ def profile_graph(step: Callable[[], Any], replays: int = 12) -> list[KernelRow]
 def main() -> None:
     import torch
 
-    from bench.block import compile_afresh, compiled, kimi_rank_block
+    from bench.block import compiled_rank_block
     from bench.common import env_applied, environment
     from latent_moe_fusion.ops.pdl import PDL_ENV
 
@@ -139,12 +139,9 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="*", default=[1, 8])
     ap.add_argument("--name", default="graph_timeline")
     args = ap.parse_args()
-    torch.manual_seed(0)
-    compile_afresh()
-    block = kimi_rank_block("bf16")
-    fused = compiled(block, True)[0]
+    block, base, fused, _ = compiled_rank_block()
     # (forward, environment while capturing): PDL's sites are read per call, so one compile serves both
-    variants = {"compiled": (compiled(block, False)[0], {}), "compiled+fused": (fused, {}),
+    variants = {"compiled": (base, {}), "compiled+fused": (fused, {}),
                 "compiled+fused, LMF_PDL=none": (fused, {PDL_ENV: "none"})}
     meta = environment()
     out: dict[str, Any] = {"meta": meta, "timelines": {}}

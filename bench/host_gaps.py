@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.block import compile_afresh, compiled, kimi_rank_block  # noqa: E402
+from bench.block import compiled_rank_block  # noqa: E402
 from bench.common import environment, time_interleaved_ms, write_results  # noqa: E402
 from bench.timeline import forward_timeline  # noqa: E402
 from latent_moe_fusion.model.router import ROUTER_GEMMS  # noqa: E402
@@ -55,10 +55,8 @@ def main() -> None:
     ap.add_argument("--forwards", type=int, default=3)
     ap.add_argument("--router-gemm", choices=ROUTER_GEMMS, default="bf16")
     args = ap.parse_args()
-    torch.manual_seed(0)
-    compile_afresh()
-    block = kimi_rank_block(args.router_gemm)
-    variants = {"compiled": compiled(block, False)[0], "compiled+fused": compiled(block, True)[0]}
+    block, base, fused, _ = compiled_rank_block(args.router_gemm)
+    variants = {"compiled": base, "compiled+fused": fused}
     rows, gap_lines = [], []
     for m in args.m:
         x = torch.randn(m, block.cfg.hidden_size, device="cuda", dtype=torch.bfloat16)

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.block import compile_afresh, compiled, kimi_rank_block  # noqa: E402
+from bench.block import compiled_rank_block  # noqa: E402
 from bench.common import environment, rel_l2, time_graph_ms, time_interleaved_ms, write_results  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import (  # noqa: E402
     GRID_SHARED_ENV,
@@ -65,12 +65,8 @@ def main() -> None:
     ap.add_argument("--prefill-m", type=int, nargs="*", default=list(PREFILL_M))
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
-    torch.manual_seed(0)
-    compile_afresh()
-    block = kimi_rank_block("bf16")
+    block, plain, fused, fpass = compiled_rank_block()
     cfg = block.cfg
-    plain, _ = compiled(block, False)
-    fused, fpass = compiled(block, True)
     forced = {env: os.environ.pop(env, None) for env in (SHARED_ENV, GRID_SHARED_ENV)}
     rows = []
     for m in args.m:
