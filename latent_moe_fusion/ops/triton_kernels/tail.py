@@ -145,11 +145,11 @@ def tail_fused(
         return out
     if config is None:
         config = pick_config(m, n, k, a.dtype == torch.float32, _num_sms(a.device))
+    if config.kernel == "gemv":  # no dot operands or strides to prepare: launch_gemv takes the tensors
+        return launch_gemv(a, w, frags, out, config, pdl=use_pdl("tail", a.device))
     dot_fp32, precision = _dot_mode(a.dtype)
     frag_strides = frags.stride()
     out_strides = out.stride()
-    if config.kernel == "gemv":
-        return launch_gemv(a, w, frags, out, config, pdl=use_pdl("tail", a.device))
     if config.kernel in ("swap", "swap_tma"):
         if config.block_m < m:
             raise ValueError(f"swap config {config.label()} serves M <= {config.block_m}, got M = {m}")
