@@ -34,6 +34,7 @@ from latent_moe_fusion.ops.triton_kernels.producer_config import (  # noqa: E402
     SHARED_SPLIT_ENV,
     SHARED_TILES_ENV,
 )
+from latent_moe_fusion.ops.triton_kernels.routed_gemv import ROUTED_GEMV_ENV  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.tail import PREFETCH_ENV  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.tail_configs import GEMV_ENV  # noqa: E402
 
@@ -48,10 +49,11 @@ KNOBS: dict[str, tuple[str, ...]] = {
     GEMV_ENV: ("off", "2x512x1024w1", "4x512x1024w2"),
     REGS_SPLIT_ENV: ("2,2", "4,1", "7,2", "4,3"),
     SHARED_ENV: ("cublas_side", "side"),
+    ROUTED_GEMV_ENV: ("0", "2x2x64w1p2", "4x4x64w1p2f"),
 }
 # Knobs that act only up to this many tokens (the side-stream Triton shared expert, the grouping order).
 ACTIVE_UP_TO = {SHARED_SPLIT_ENV: 1, REGS_SPLIT_ENV: 1, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4, SHARED_L2_K_ENV: 4,
-                GROUP_FIRST_ENV: 16, GEMV_ENV: 2, SHARED_ENV: 16}
+                GROUP_FIRST_ENV: 16, GEMV_ENV: 2, SHARED_ENV: 16, ROUTED_GEMV_ENV: 2}
 
 
 def _time(fn, xs, env: dict[str, str]) -> float:

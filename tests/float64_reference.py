@@ -21,7 +21,7 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
 def decode_mxfp4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """packed uint8 [..., N, K/2] (low nibble = even element) + E8M0 [..., N, K/32] -> float64 [..., N, K]."""
     nibbles = torch.stack([packed.long() & 0xF, packed.long() >> 4], dim=-1).flatten(-2)
-    magnitude = torch.tensor(E2M1_MAGNITUDES, dtype=F64)[nibbles & 0x7]
+    magnitude = torch.tensor(E2M1_MAGNITUDES, dtype=F64, device=packed.device)[nibbles & 0x7]
     sign = 1.0 - 2.0 * ((nibbles >> 3) & 1).to(F64)
     block_scale = torch.pow(2.0, scales.to(F64) - 127.0).repeat_interleave(32, dim=-1)
     return sign * magnitude * block_scale
@@ -36,10 +36,11 @@ def situ64(g: torch.Tensor, u: torch.Tensor, beta: float, lin_beta: float) -> to
 
 
 def routed64(z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta) -> torch.Tensor:
-    """y[m] = sum_j w[m, j] * W2[e] @ SiTU(W1[e] z[m], W3[e] z[m]) for e = ids[m, j] >= 0, token by token."""
+    """y[m] = sum_j w[m, j] * W2[e] @ SiTU(W1[e] z[m], W3[e] z[m]) for e = ids[m, j] >= 0, token by token
+    (on the inputs' device: float64 on a GPU keeps the Kimi-size references quick)."""
     experts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # decoded on first use
     z = z.to(F64)
-    y = torch.zeros(z.shape, dtype=F64)
+    y = torch.zeros(z.shape, dtype=F64, device=z.device)
     for m in range(z.shape[0]):
         for j in range(topk_ids.shape[1]):
             e = int(topk_ids[m, j])

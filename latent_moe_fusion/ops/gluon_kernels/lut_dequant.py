@@ -20,40 +20,79 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-# One half of a word: 4 codes -> two bf16x2 pairs times the scale, each split into 16-bit outputs.
+# One half of a word: 4 codes -> two bf16x2 pairs times the scale, each handed out as two outputs: 16-bit
+# halves ({out}: "split"), or FP32 values, the bf16 bits widened ("f32": for CUDA-core FMAs, which take FP32
+# operands; widening in the asm costs one shift or mask per value, while ptxas widened every odd 16-bit
+# output with a prmt and a multiply in the GEMV kernels' static SASS).
 _HALF = """        prmt.b32 hi, hi_a, hi_b, {idx};
         prmt.b32 lo, lo_a, lo_b, {idx};
         prmt.b32 sg, t, $8, {sel};
         and.b32 sg, sg, 0x80808080;
         or.b32 hi, hi, sg;
         prmt.b32 p, lo, hi, 0x5140;
-        mul.rn.bf16x2 p, p, sc;
-        mov.b32 {{${o0}, ${o1}}}, p;
-        prmt.b32 p, lo, hi, 0x7362;
-        mul.rn.bf16x2 p, p, sc;
-        mov.b32 {{${o2}, ${o3}}}, p;
-"""
-# $8: 8 codes (code i in bits 4i .. 4i + 3), $9: the E8M0 byte; $0 .. $7: bf16 value of code i times
-# 2^(scale - 127) (bf16 bits scale << 7; scale byte 0 gives 0, as the Triton dequantisers do).
-FP4_LUT8_ASM = (
-    """
+{scale}{out01}        prmt.b32 p, lo, hi, 0x7362;
+{scale}{out23}"""
+_SCALE = "        mul.rn.bf16x2 p, p, sc;\n"
+_SPLIT = "        mov.b32 {{${a}, ${b}}}, p;\n"
+_F32 = "        shl.b32 ${a}, p, 16;\n        and.b32 ${b}, p, 0xFFFF0000;\n"
+
+
+def _lut8_asm(out: str, scaled: bool = True) -> str:
+    """$8: 8 codes (code i in bits 4i .. 4i + 3), $9: the E8M0 byte; $0 .. $7: code i's bf16 value times
+    2^(scale - 127) (bf16 bits scale << 7; scale byte 0 gives 0, as the Triton dequantisers do).
+    scaled=False: the code values alone ($9 unused), for kernels that apply the scale to FP32 sums."""
+    form = _SPLIT if out == "split" else _F32
+
+    def half(idx: str, sel: str, first: int) -> str:
+        return _HALF.format(idx=idx, sel=sel, scale=_SCALE if scaled else "", out01=form.format(a=first, b=first + 1),
+                            out23=form.format(a=first + 2, b=first + 3))
+
+    return (
+        """
         {
         .reg .b32 m, m2, hi_a, hi_b, lo_a, lo_b, hi, lo, t, sg, sc, p;
         mov.b32 hi_a, 0x3F3F3F00;
         mov.b32 hi_b, 0x40404040;
         mov.b32 lo_a, 0xC0800000;
         mov.b32 lo_b, 0xC0804000;
-        mul.lo.u32 sc, $9, 0x00800080;
-        and.b32 m, $8, 0x77777777;
+"""
+        + ("        mul.lo.u32 sc, $9, 0x00800080;\n" if scaled else "")
+        + """        and.b32 m, $8, 0x77777777;
         shr.b32 m2, m, 16;
         shl.b32 t, $8, 4;
 """
-    + _HALF.format(idx="m", sel="0x5140", o0=0, o1=1, o2=2, o3=3)
-    + _HALF.format(idx="m2", sel="0x7362", o0=4, o1=5, o2=6, o3=7)
-    + """        }
+        + half("m", "0x5140", 0)
+        + half("m2", "0x7362", 4)
+        + """        }
         """
-)
+    )
+
+
+FP4_LUT8_ASM = _lut8_asm("split")
+FP4_LUT8_F32_ASM = _lut8_asm("f32")
+FP4_LUT8_F32_UNSCALED_ASM = _lut8_asm("f32", scaled=False)
 _LUT8_TEXT = gl.constexpr(FP4_LUT8_ASM)
+
+_LUT8_F32_TEXT = gl.constexpr(FP4_LUT8_F32_ASM)
+_LUT8_F32_UNSCALED_TEXT = gl.constexpr(FP4_LUT8_F32_UNSCALED_ASM)
+
+
+@gluon.jit
+def codes_to_f32(words, scales):
+    """int32 words (8 codes each) and their int32 E8M0 bytes -> 8 FP32 tensors (code i of every word)."""
+    return gl.inline_asm_elementwise(
+        asm=_LUT8_F32_TEXT, constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r", args=[words, scales],
+        dtype=(gl.float32,) * 8, is_pure=True, pack=1,
+    )
+
+
+@gluon.jit
+def codes_to_f32_unscaled(words):
+    """int32 words (8 codes each) -> 8 FP32 tensors: code i's e2m1 value (no scale)."""
+    return gl.inline_asm_elementwise(
+        asm=_LUT8_F32_UNSCALED_TEXT, constraints="=r,=r,=r,=r,=r,=r,=r,=r,r", args=[words],
+        dtype=(gl.float32,) * 8, is_pure=True, pack=1,
+    )
 
 
 @gluon.jit

@@ -32,6 +32,7 @@ from .combine import launch_combine
 from .expert_gemm import l1_kernel, l2_kernel
 from .moe_align import group_by_expert, max_blocks
 from .producer_config import ProducerConfig, config_context, interpreting, pick_config
+from .routed_gemv import launch_routed_gemv, routed_gemv_reason, routed_gemv_setting
 from .shared_by_library import shared_by_library
 from .split_k import launch_l1_finish
 from .weight_tiles import dot_precision
@@ -229,11 +230,24 @@ def run_experts(
             raise ValueError(f"config.routed_regs: the register-dequant kernels cannot take this call ({reason}); "
                              "use a config with routed_regs=False")
         regs = reason is None
-    nb_triton = 0 if regs else nb_max
-    act = torch.empty(max(nb_max * bm, 1), inter, dtype=z.dtype, device=dev)
+    # Routed tiles on the CUDA-core GEMV kernels (one decode token): no grouping, pair-indexed rows. A
+    # picked config falls back to the kernels above where the GEMV cannot take the call; a given one says why.
+    gemv = cfg.routed_gemv and num_pairs > 0
+    if gemv:
+        gemv_cfg = routed_gemv_setting(num_pairs)[1]
+        why = routed_gemv_reason(z, w13, w2, w13_scale, w2_scale, weight_format, num_pairs, gemv_cfg)
+        if why is not None and config is not None:
+            raise ValueError(f"config.routed_gemv: the GEMV kernels cannot take this call ({why}); "
+                             "use a config with routed_gemv=False")
+        gemv = why is None
+    if gemv:
+        regs = False
+    nb_triton = 0 if regs or gemv else nb_max
+    act_rows = num_pairs if gemv else nb_max * bm
+    act = torch.empty(max(act_rows, 1), inter, dtype=z.dtype, device=dev)
     split1, split2 = cfg.l1.split_k, cfg.l2.split_k
-    pair_slices = cfg.regs_split[1] if regs else split2  # K slices of the routed L2, added by the combine
-    if regs:
+    pair_slices = cfg.regs_split[1] if regs else 1 if gemv else split2  # K slices of the routed L2 (combine adds)
+    if regs or gemv:
         split2 = 1  # the Triton L2 then holds only shared tiles, which are never split
     pairs_shape = (max(num_pairs, 1), latent) if pair_slices == 1 else (pair_slices, max(num_pairs, 1), latent)
     pairs = torch.empty(pairs_shape, dtype=torch.float32, device=dev)
@@ -246,7 +260,7 @@ def run_experts(
     if forced not in ("", "0", "1"):
         raise ValueError(f"{GROUP_FIRST_ENV}={forced!r}: expected 1 (group first), 0 (after the fork) or unset")
     group_first = not regs or (forced == "1" if forced else topk_ids.shape[0] > GROUP_AFTER_FORK_MAX_TOKENS)
-    grouping = group_by_expert(topk_ids, num_experts, bm) if num_pairs > 0 and group_first else None
+    grouping = group_by_expert(topk_ids, num_experts, bm) if num_pairs > 0 and group_first and not gemv else None
     if grouping is None:  # grids of shared tiles only never read these; int32 like the real ones (kernel types)
         sorted_pairs = block_expert = torch.empty(1, dtype=torch.int32, device=dev)
     else:
@@ -257,7 +271,8 @@ def run_experts(
 
     shared_how = "none"
     if shared is not None and shared.x_s.shape[0] > 0:
-        shared_how = shared_strategy(shared.x_s.shape[0]) if regs else grid_shared_strategy(shared.x_s.shape[0])
+        beside = regs or (gemv and z.is_cuda)  # the Triton grids hold no routed tiles: place the shared expert
+        shared_how = shared_strategy(shared.x_s.shape[0]) if beside else grid_shared_strategy(shared.x_s.shape[0])
     if shared_how in ("side", "grid"):
         x_s, w1_s, w3_s, w2_s, s_out = shared.x_s, shared.w1_s, shared.w3_s, shared.w2_s, shared.out
         m_s, hidden = x_s.shape
@@ -309,7 +324,7 @@ def run_experts(
             if split1 > 1:
                 launch_l1_finish(h_part, block_expert, act, n_rows_r, inter, hs_part, act_s, m_s, inter_s,
                                  beta, lin_beta, bm, split1, interp)
-        if in_line_library and not regs:
+        if in_line_library and not (regs or gemv):
             shared_as_library()
         if grid2 > 0:
             l2_kernel[(grid2,)](
@@ -333,6 +348,9 @@ def run_experts(
         if in_line_library:
             shared_as_library()
         launch_routed_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max, bm, dependent=pdl)
+    if gemv:
+        launch_routed_gemv(z, topk_ids, w13, w13_scale, w2, w2_scale, act, pairs, beta, lin_beta, gemv_cfg, interp,
+                           shared_as_library if in_line_library else None)
     if side is not None:
         torch.cuda.current_stream(dev).wait_stream(side)
     launch_combine(pairs, topk_ids, topk_weights, y, rms_weight, eps)

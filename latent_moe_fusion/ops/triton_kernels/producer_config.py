@@ -13,6 +13,7 @@ import torch
 from ..device import current_capability
 from ..gluon_kernels import BLOCK_ROWS as REGS_BLOCK_M
 from ..gluon_kernels import ENV_SWITCH as REGS_ENV_SWITCH
+from .routed_gemv import ROUTED_GEMV_ENV, ROUTED_GEMV_MAX_PAIRS, routed_gemv_setting
 from .weight_tiles import DEQUANT_ASM_PAIRS, DEQUANT_LUT, DEQUANT_TRITON
 
 
@@ -55,6 +56,9 @@ class ProducerConfig:
     # K slices (L1, L2) of the register-dequant kernels (routed_regs only): FP32 partial sums added in
     # slice order (bitwise the same every run), for a single token whose few experts cannot fill the GPU.
     regs_split: tuple[int, int] = (1, 1)
+    # Routed MXFP4 experts on the CUDA-core GEMV kernels (triton_kernels/routed_gemv.py), one (token, slot)
+    # pair at a time, no grouping: for a single decode token. l1 / l2 then shape only the shared expert.
+    routed_gemv: bool = False
 
     def __post_init__(self) -> None:
         if len(self.regs_split) != 2 or min(self.regs_split) < 1:
@@ -206,7 +210,7 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
                 bk2_s = _env_power_of_two(SHARED_L2_K_ENV, REGS_SINGLE_TOKEN_SHARED_L2_K if single else 32, 16)
                 return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=bm == 16, split_k=split),
                                       GemmTiles(64, 128, 4, 4, bk2_s, 128 if bm == 16 else 0, bn2_s, tma=bm == 16),
-                                      dequant, True, regs_decode_split(num_pairs))
+                                      dequant, True, regs_decode_split(num_pairs), routed_gemv_picked(num_pairs))
             if bm == 16:
                 split = DECODE_SPLIT_K if num_pairs <= SPLIT_K_MAX_PAIRS else (1, 1)
                 return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=sm90, split_k=split[0]),
@@ -216,6 +220,12 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
     if weight_format == "mxfp4":
         return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(128, 64, 8, 3), dequant)
     return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(256, 64, 8, 3), dequant)
+
+
+def routed_gemv_picked(num_pairs: int) -> bool:
+    """The routed GEMV kernels for up to ROUTED_GEMV_MAX_PAIRS pairs (LMF_ROUTED_GEMV=0 / 1 forces)."""
+    forced, _ = routed_gemv_setting()
+    return forced if forced is not None else num_pairs <= ROUTED_GEMV_MAX_PAIRS
 
 
 def regs_enabled() -> bool:
@@ -236,7 +246,7 @@ def _has_sm90() -> bool:
 # device checks. config_context() snapshots them, so that a cache of picked configs keyed on it
 # (expert_schedule.resolve_config) follows every change.
 CONFIG_ENVS = ("TRITON_INTERPRET", REGS_ENV_SWITCH, REGS_SPLIT_ENV, SHARED_TILES_ENV, SHARED_SPLIT_ENV,
-               SHARED_L2_ROWS_ENV, SHARED_L2_K_ENV)
+               SHARED_L2_ROWS_ENV, SHARED_L2_K_ENV, ROUTED_GEMV_ENV)
 
 
 def config_context() -> tuple:

@@ -1,0 +1,296 @@
+"""Routed MXFP4 experts for one or two decode tokens on the CUDA cores: one (token, slot) pair at a time.
+
+A decode token reaches ~2 of a rank's experts (top-16 of 896 under EP8), one token each. The MMA
+kernels then pad every expert block to 16 rows, cut K into slices to find enough programs and add the
+slices in two more launches (grouping, L1, L1 finish, L2: 13.4 + 5.8 + 10.1 us at M = 1 for ~34 MB of
+weights, bench/results/block_kernels.md). Here a program owns BLOCK_N weight rows of one pair's expert
+and the whole K, and multiplies them with that pair's activation row on the CUDA cores:
+
+  L1 (DUAL)  act[p, n]   = round(SiTU(W13[e, n] . z[t], W13[e, I + n] . z[t]))   t = p // top_k
+  L2         pairs[p, n] = W2[e, n] . act[p]                                      (FP32, the combine sums)
+
+No grouping: every program reads the (few) expert ids itself, ranks the valid pairs (ids >= 0) in
+slot order and walks the items (valid pair, row tile) pid, pid + grid, ... so the grid is fixed on the
+host (CUDA graphs) whatever the routing. An expert's weights are read once per pair that uses it: fine
+while pairs rarely share an expert (a few tokens), which is when this path is picked.
+
+Numerics (the routed op's contract): the weight value is bf16(code * 2^(scale - 127)) (exact), the
+products and sums are FP32, each thread keeps its own (row, k) lanes across the K loop and the lanes
+are reduced once at the end; the activation is rounded once. Fixed order: bitwise deterministic.
+
+Dequantisation: on the GPU the 8 codes of a 32-bit word go through the prmt table lookup of the Gluon
+kernels (gluon_kernels/lut_dequant.py, checked code by code by tests/ptx_emulator.py); LUT=False is
+the portable bit arithmetic of weight_tiles (the CPU interpreter's path, and a GPU cross-check).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..device import capability
+from ..gluon_kernels.lut_dequant import FP4_LUT8_ASM
+from .numerics import round_to, situ
+from .weight_tiles import e2m1_to_fp32, e8m0_to_fp32
+
+_LUT8_TEXT = tl.constexpr(FP4_LUT8_ASM)
+
+
+@triton.jit
+def _codes_lut(words, scales):
+    return tl.inline_asm_elementwise(
+        asm=_LUT8_TEXT, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,r", args=[words, scales],
+        dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1,
+    )
+
+
+@triton.jit
+def _code_plain(words, scale, i: tl.constexpr):
+    codes = (words >> (4 * i)) & 15
+    return (e2m1_to_fp32(codes) * scale).to(tl.bfloat16)
+
+
+@triton.jit
+def _codes_plain(words, scales):
+    scale = e8m0_to_fp32(scales)
+    return (_code_plain(words, scale, 0), _code_plain(words, scale, 1), _code_plain(words, scale, 2),
+            _code_plain(words, scale, 3), _code_plain(words, scale, 4), _code_plain(words, scale, 5),
+            _code_plain(words, scale, 6), _code_plain(words, scale, 7))
+
+
+@triton.jit
+def _word_products(words, scales, a_ptrs, lanes, LUT: tl.constexpr):
+    """lanes += sum over the 8 codes i of word [n, j] of value * a[8 j + i] (a_ptrs: element 8 j)."""
+    if LUT:
+        v0, v1, v2, v3, v4, v5, v6, v7 = _codes_lut(words, scales)
+    else:
+        v0, v1, v2, v3, v4, v5, v6, v7 = _codes_plain(words, scales)
+    lanes += v0.to(tl.float32) * tl.load(a_ptrs + 0).to(tl.float32)[None, :]
+    lanes += v1.to(tl.float32) * tl.load(a_ptrs + 1).to(tl.float32)[None, :]
+    lanes += v2.to(tl.float32) * tl.load(a_ptrs + 2).to(tl.float32)[None, :]
+    lanes += v3.to(tl.float32) * tl.load(a_ptrs + 3).to(tl.float32)[None, :]
+    lanes += v4.to(tl.float32) * tl.load(a_ptrs + 4).to(tl.float32)[None, :]
+    lanes += v5.to(tl.float32) * tl.load(a_ptrs + 5).to(tl.float32)[None, :]
+    lanes += v6.to(tl.float32) * tl.load(a_ptrs + 6).to(tl.float32)[None, :]
+    lanes += v7.to(tl.float32) * tl.load(a_ptrs + 7).to(tl.float32)[None, :]
+    return lanes
+
+
+@triton.jit
+def _row_sums(w_ptrs, s_ptrs, w2_off, s2_off, a_ptrs, row_words, DUAL: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_W: tl.constexpr, LUT: tl.constexpr):
+    """FP32 [BLOCK_N] dot products of the rows at w_ptrs (word 0) with the activation at a_ptrs (element 0),
+    and with DUAL those of the rows w2_off words (s2_off scale bytes) further. The next step's words are
+    loaded before this step's are expanded (row_words a multiple of BLOCK_W)."""
+    lanes = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+    lanes2 = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+    words = tl.load(w_ptrs)
+    scales = tl.load(s_ptrs).to(tl.int32)
+    words2 = words
+    scales2 = scales
+    if DUAL:
+        words2 = tl.load(w_ptrs + w2_off)
+        scales2 = tl.load(s_ptrs + s2_off).to(tl.int32)
+    for kw in range(0, row_words, BLOCK_W):
+        nxt = tl.minimum(kw + BLOCK_W, row_words - BLOCK_W)  # the last step reloads itself (in cache)
+        words_nx = tl.load(w_ptrs + nxt)
+        scales_nx = tl.load(s_ptrs + nxt // 4).to(tl.int32)
+        words2_nx = words_nx
+        scales2_nx = scales_nx
+        if DUAL:
+            words2_nx = tl.load(w_ptrs + w2_off + nxt)
+            scales2_nx = tl.load(s_ptrs + s2_off + nxt // 4).to(tl.int32)
+        lanes = _word_products(words, scales, a_ptrs + 8 * kw, lanes, LUT)
+        if DUAL:
+            lanes2 = _word_products(words2, scales2, a_ptrs + 8 * kw, lanes2, LUT)
+        words = words_nx
+        scales = scales_nx
+        words2 = words2_nx
+        scales2 = scales2_nx
+    return tl.sum(lanes, axis=1), tl.sum(lanes2, axis=1)
+
+
+@triton.jit(do_not_specialize=["n_pairs", "top_k"])
+def routed_gemv_kernel(
+    a_ptr, ids_ptr, w_ptr, s_ptr, out_ptr,
+    n_pairs, top_k, n_out, row_words, row_scales, stride_we, stride_se, stride_a, stride_o, beta, lin_beta,
+    DUAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    LUT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """DUAL (L1): a = z (row p // top_k), rows n and n_out + n of W13, out = act (bf16 SiTU, row p).
+    Else (L2): a = act (row p), rows n of W2, out = pairs (FP32, row p). Words: int32 views of the
+    packed weights ([E, rows, row_words]); scales: uint8 [E, rows, row_scales]."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    slots = tl.arange(0, BLOCK_P)
+    ids = tl.load(ids_ptr + slots, mask=slots < n_pairs, other=-1)
+    valid = ids >= 0
+    rank = tl.cumsum(valid.to(tl.int32), axis=0) - 1
+    n_valid = tl.sum(valid.to(tl.int32), axis=0)
+    tiles = n_out // BLOCK_N
+    offs_n = tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_W)
+    a_div = top_k if DUAL else 1
+    for item in range(pid, n_valid * tiles, nprog):
+        hit = valid & (rank == item // tiles)
+        pair = tl.sum(tl.where(hit, slots, 0), axis=0)
+        expert = tl.sum(tl.where(hit, ids, 0), axis=0).to(tl.int64)
+        rows = (item % tiles) * BLOCK_N + offs_n
+        w_rows = w_ptr + expert * stride_we + rows[:, None].to(tl.int64) * row_words + cols[None, :]
+        s_rows = s_ptr + expert * stride_se + rows[:, None].to(tl.int64) * row_scales + (cols // 4)[None, :]
+        a_ptrs = a_ptr + (pair // a_div).to(tl.int64) * stride_a + 8 * cols
+        acc, up = _row_sums(w_rows, s_rows, n_out * row_words, n_out * row_scales, a_ptrs, row_words, DUAL,
+                            BLOCK_N, BLOCK_W, LUT)
+        o_ptrs = out_ptr + pair.to(tl.int64) * stride_o + rows
+        if DUAL:
+            tl.store(o_ptrs, round_to(situ(acc, up, beta, lin_beta), out_ptr.dtype.element_ty, INTERPRET))
+        else:
+            tl.store(o_ptrs, acc)
+
+
+@dataclass(frozen=True)
+class RoutedGemvConfig:
+    l1_rows: int  # gate rows per item (and as many up rows)
+    l2_rows: int  # down rows per item
+    words: int  # 32-bit words (8 codes) per row and K step
+    num_warps: int
+    pair_programs: int  # programs per row tile: the grid is row tiles x min(pairs, pair_programs)
+    # GPU kernel: each word's 8 code products summed in FP32 and scaled once (True), or the 8 values
+    # scaled in bf16x2 before their FMAs (False; spec suffix "b"). Both exact weights, FP32 sums.
+    scale_sums: bool = True
+    # GPU kernel: bulk-prefetch each item's weight rows and scales into L2 when it starts (and the program's
+    # next item's; spec suffix "f"). Off: on the H200 it slowed the routed op at M = 1 from 23.9 to 29.0 us of
+    # kernel time (bench/results/routed_gemv.md).
+    prefetch: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("l1_rows", "l2_rows", "words", "num_warps", "pair_programs"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"RoutedGemvConfig.{name} must be a power of two >= 1, got {v}")
+        if self.words < 4:
+            raise ValueError(f"RoutedGemvConfig.words must be >= 4 (one E8M0 block), got {self.words}")
+
+
+# H200, Kimi K3 rank (L = 3584, I = 3072), whole block in CUDA graphs (bench/results/decode_tuning_routed_gemv.md):
+# one token 84.1 us with 2 rows per item against 86.0 with 4 (beside the producer's shared expert, smaller
+# programs interleave better), two tokens 104.4 with 4 against 106.0 with 2. The routed op alone:
+# bench/results/routed_gemv.md.
+ROUTED_GEMV_CONFIG = RoutedGemvConfig(l1_rows=4, l2_rows=4, words=64, num_warps=1, pair_programs=2)
+ROUTED_GEMV_ONE_TOKEN_CONFIG = RoutedGemvConfig(l1_rows=2, l2_rows=2, words=64, num_warps=1, pair_programs=2)
+ONE_TOKEN_PAIRS = 16
+ROUTED_GEMV_ENV = "LMF_ROUTED_GEMV"  # "0" off, "1" on for any decode size, or ROWS1xROWS2xWORDS[wW][pP]
+ROUTED_GEMV_MAX_PAIRS = 32  # (token, slot) pairs up to which pick_config takes this path: two top-16 tokens
+MAX_PAIRS = 1024  # every program ranks all ids in registers
+
+
+def routed_gemv_setting(num_pairs: int = ONE_TOKEN_PAIRS + 1) -> tuple[bool | None, RoutedGemvConfig]:
+    """(forced on / off / None: by size, the configuration for num_pairs (token, slot) pairs) from
+    LMF_ROUTED_GEMV; bad values raise."""
+    forced = os.environ.get(ROUTED_GEMV_ENV, "")
+    if forced in ("", "0", "1"):
+        default = ROUTED_GEMV_ONE_TOKEN_CONFIG if num_pairs <= ONE_TOKEN_PAIRS else ROUTED_GEMV_CONFIG
+        return (None if not forced else forced == "1"), default
+    match = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:p(\d+))?(b?)(f?)", forced)
+    if match is None:
+        raise ValueError(f"{ROUTED_GEMV_ENV}={forced!r}: expected 0, 1 or L1ROWSxL2ROWSxWORDS[wWARPS][pPAIRS][b][f], "
+                         "e.g. 4x4x64w1p2")
+    l1, l2, words, warps, pairs, bf16_scale, prefetch = match.groups()
+    base = ROUTED_GEMV_CONFIG
+    try:
+        cfg = RoutedGemvConfig(int(l1), int(l2), int(words), int(warps or base.num_warps),
+                               int(pairs or base.pair_programs), not bf16_scale, bool(prefetch))
+    except ValueError as err:
+        raise ValueError(f"{ROUTED_GEMV_ENV}={forced!r}: {err}") from None
+    return True, cfg
+
+
+def routed_gemv_reason(
+    z: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None, weight_format: str, num_pairs: int, cfg: RoutedGemvConfig,
+) -> str | None:
+    """Why these routed GEMMs cannot run on the GEMV kernels (None if they can)."""
+    if weight_format != "mxfp4":
+        return "only MXFP4 weights"
+    if num_pairs > MAX_PAIRS:
+        return f"at most {MAX_PAIRS} (token, slot) pairs, got {num_pairs}"
+    latent, inter = z.shape[1], w2.shape[-1] * 2
+    for name, k, rows, n in (("L", latent, cfg.l1_rows, inter), ("I", inter, cfg.l2_rows, latent)):
+        if k % (8 * cfg.words):
+            return f"K = {name} = {k} must be a multiple of {8 * cfg.words} (the K step of {cfg.words} words)"
+        if n % rows:
+            return f"{n} output rows do not cut into tiles of {rows}"
+    for w, s in ((w13, w13_scale), (w2, w2_scale)):
+        if not (w.is_contiguous() and s is not None and s.is_contiguous()) or w.data_ptr() % 16 or s.data_ptr() % 16:
+            return "weights and scales must be contiguous and 16-byte aligned"
+    if z.is_cuda and z.dtype != torch.bfloat16:
+        return f"activations must be bfloat16 on the GPU, got {z.dtype}"
+    if z.stride(1) != 1 or z.stride(0) % 2 or z.storage_offset() % 2:
+        return "activations need unit column stride, an even row stride and offset (read as bf16 pairs)"
+    return None
+
+
+def launch_routed_gemv(
+    z: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+    w2_scale: torch.Tensor, act: torch.Tensor, pairs: torch.Tensor, beta: float, lin_beta: float,
+    cfg: RoutedGemvConfig, interpret: bool, between: Callable[[], None] | None = None, kernel: str = "auto",
+) -> None:
+    """act[p] (bf16 SiTU rows, [M * top_k, I]) and pairs[p] (FP32 [M * top_k, L]) for every valid pair p;
+    rows of invalid pairs are left unwritten (the combine skips them). `between` runs after the L1 launch.
+    kernel: "auto" (Gluon on sm_90+ GPUs, else the portable Triton kernel), "gluon" or "triton"."""
+    m, top_k = topk_ids.shape
+    num_pairs = m * top_k
+    latent, inter = z.shape[1], act.shape[1]
+    why = routed_gemv_reason(z, w13, w2, w13_scale, w2_scale, "mxfp4", num_pairs, cfg)
+    if why is not None:
+        raise ValueError(f"launch_routed_gemv: {why}")
+    ids = topk_ids.reshape(-1)
+    if not ids.is_contiguous() or ids.dtype != torch.int32:
+        ids = ids.contiguous().to(torch.int32)
+    # The table lookup's bf16x2 multiplies need sm_90; elsewhere the portable arithmetic runs.
+    # The table lookup's bf16x2 multiplies need sm_90; elsewhere (and in the interpreter) the portable
+    # Triton kernel runs. On the GPU the Gluon form of the same kernel (its layouts fixed by hand) runs.
+    index = z.device.index if z.device.index is not None else (torch.cuda.current_device() if z.is_cuda else 0)
+    gluon = not interpret and z.is_cuda and capability(index) >= (9, 0) and cfg.words % (32 * cfg.num_warps) == 0
+    if kernel not in ("auto", "gluon", "triton"):
+        raise ValueError(f"kernel={kernel!r}: expected auto, gluon or triton")
+    if kernel == "gluon" and not gluon:
+        raise ValueError("kernel='gluon' needs an sm_90+ GPU, no interpreter, and words a multiple of 32 x num_warps")
+    gluon = gluon and kernel != "triton"
+    block_p = triton.next_power_of_2(num_pairs)
+    share = min(num_pairs, cfg.pair_programs)
+    w13_words, w2_words = w13.view(torch.int32), w2.view(torch.int32)
+    if gluon:
+        from ..gluon_kernels.routed_gemv import routed_gemv_l1_kernel, routed_gemv_l2_kernel
+
+        l1, l2, l1_opts, l2_opts = routed_gemv_l1_kernel, routed_gemv_l2_kernel, {}, {}
+        opts = dict(WPT=cfg.words // (32 * cfg.num_warps), BLOCK_P=block_p, num_warps=cfg.num_warps,
+                    FACTOR=cfg.scale_sums, PREFETCH=cfg.prefetch)
+        z_in, act_in = z.view(torch.int32), act.view(torch.int32)  # bf16 pairs
+    else:
+        l1 = l2 = routed_gemv_kernel
+        l1_opts, l2_opts = dict(DUAL=True), dict(DUAL=False)
+        opts = dict(BLOCK_W=cfg.words, BLOCK_P=block_p, LUT=False, INTERPRET=interpret, num_warps=cfg.num_warps)
+        z_in, act_in = z, act
+    l1[(inter // cfg.l1_rows * share,)](
+        z_in, ids, w13_words, w13_scale, act, num_pairs, top_k, inter, latent // 8, latent // 32,
+        w13_words.stride(0), w13_scale.stride(0), z_in.stride(0), act.stride(0), float(beta), float(lin_beta),
+        BLOCK_N=cfg.l1_rows, **l1_opts, **opts,
+    )
+    if between is not None:
+        between()
+    l2[(latent // cfg.l2_rows * share,)](
+        act_in, ids, w2_words, w2_scale, pairs, num_pairs, top_k, latent, inter // 8, inter // 32,
+        w2_words.stride(0), w2_scale.stride(0), act_in.stride(0), pairs.stride(0), 0.0, 0.0,
+        BLOCK_N=cfg.l2_rows, **l2_opts, **opts,
+    )
