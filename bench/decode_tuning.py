@@ -42,18 +42,18 @@ KNOBS: dict[str, tuple[str, ...]] = {
     PDL_ENV: ("none", "tail"),
     PREFETCH_ENV: ("0", "4"),
     GROUP_FIRST_ENV: ("0", "1"),
-    SHARED_SPLIT_ENV: ("2", "8"),
+    SHARED_SPLIT_ENV: ("1", "2", "8"),
     SHARED_TILES_ENV: ("32x64", "16x128"),
     SHARED_L2_ROWS_ENV: ("32", "128"),
     SHARED_L2_K_ENV: ("32", "128"),
     GEMV_ENV: ("off", "2x512x1024w1", "4x512x1024w2"),
     REGS_SPLIT_ENV: ("2,2", "4,1", "7,2", "4,3"),
     SHARED_ENV: ("cublas_side", "side"),
-    ROUTED_GEMV_ENV: ("0", "2x2x64w1p2", "4x4x64w1p2f"),
+    ROUTED_GEMV_ENV: ("0", "1", "2x2x64w1p2", "2x4x64w1p2"),
 }
 # Knobs that act only up to this many tokens (the side-stream Triton shared expert, the grouping order).
-ACTIVE_UP_TO = {SHARED_SPLIT_ENV: 1, REGS_SPLIT_ENV: 1, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4, SHARED_L2_K_ENV: 4,
-                GROUP_FIRST_ENV: 16, GEMV_ENV: 2, SHARED_ENV: 16, ROUTED_GEMV_ENV: 2}
+ACTIVE_UP_TO = {SHARED_SPLIT_ENV: 4, REGS_SPLIT_ENV: 1, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4, SHARED_L2_K_ENV: 4,
+                GROUP_FIRST_ENV: 16, GEMV_ENV: 2, SHARED_ENV: 16, ROUTED_GEMV_ENV: 8}
 
 
 def _time(fn, xs, env: dict[str, str]) -> float:

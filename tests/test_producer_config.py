@@ -161,11 +161,16 @@ def test_single_token_shared_programs_beside_the_regs_kernels(hopper, monkeypatc
     single = (producer_config.REGS_SINGLE_TOKEN_SHARED_SPLIT, producer_config.REGS_SINGLE_TOKEN_SHARED_TILES, 64,
               producer_config.REGS_SINGLE_TOKEN_SHARED_L2_K)
     assert tiles(16) == single
-    assert tiles(4 * 16) == (1, producer_config.DECODE_SHARED_TILES, 64, 32)  # more tokens: as before
-    monkeypatch.setenv(producer_config.SHARED_SPLIT_ENV, "8")
+    assert tiles(2 * 16) == (producer_config.FEW_TOKENS_SHARED_SPLIT,) + single[1:]  # two tokens: more K slices
+    assert tiles(4 * 16) == single  # up to 4 tokens (the routed GEMV's): a token's shapes
+    assert tiles(8 * 16) == (1, producer_config.DECODE_SHARED_TILES, 64, 32)  # more tokens: as before
+    monkeypatch.setenv("LMF_ROUTED_GEMV", "0")
+    assert tiles(4 * 16) == (1, producer_config.DECODE_SHARED_TILES, 64, 32)  # the MMA kernels' few tokens
+    monkeypatch.delenv("LMF_ROUTED_GEMV")
+    monkeypatch.setenv(producer_config.SHARED_SPLIT_ENV, "2")
     monkeypatch.setenv(producer_config.SHARED_L2_ROWS_ENV, "32")
     monkeypatch.setenv(producer_config.SHARED_L2_K_ENV, "128")
-    assert tiles(16)[0] == 8 and tiles(16)[2:] == (32, 128) and tiles(4 * 16)[0] == 1
+    assert tiles(16)[0] == 2 and tiles(16)[2:] == (32, 128) and tiles(4 * 16)[0] == 2 and tiles(8 * 16)[0] == 1
 
 
 @pytest.mark.parametrize("env", ["LMF_PRODUCER_SHARED_SPLIT", "LMF_PRODUCER_SHARED_L2_ROWS",

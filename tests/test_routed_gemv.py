@@ -107,7 +107,7 @@ def hopper(monkeypatch):
     monkeypatch.delenv(routed_gemv.ROUTED_GEMV_ENV, raising=False)
 
 
-def test_picked_for_up_to_two_top16_tokens_on_hopper(hopper, monkeypatch):
+def test_picked_for_up_to_four_top16_tokens_on_hopper(hopper, monkeypatch):
     def picked(pairs, fmt="mxfp4"):
         return producer_config.pick_config(pairs, fmt, torch.bfloat16, 112).routed_gemv
 

@@ -137,6 +137,11 @@ DECODE_SHARED_TILES = (32, 64)  # (rows, K) of the MXFP4 decode shared gate/up p
 # graphs (bench/results/decode_tuning.md): gate/up tiles 32 x 128 in 4 K slices (was 32 x 64 in 2).
 REGS_SINGLE_TOKEN_SHARED_TILES = (32, 128)
 REGS_SINGLE_TOKEN_SHARED_SPLIT = 4
+# Two tokens beside the routed GEMV: 8 slices (H200 block at M = 2: 112.6 us against 115.1 with 4 and 120.7
+# unsplit; bench/results/decode_tuning_routed_gemv.md). Four tokens keep 4 (130.7 us at M = 4 with 4 slices;
+# 141.4 with 8 on another machine, not compared in one process).
+FEW_TOKENS_SHARED_SPLIT = 8
+FEW_TOKENS_SPLIT_MAX_PAIRS = 32
 
 
 def decode_shared_tiles(default: tuple[int, int] = DECODE_SHARED_TILES) -> tuple[int, int]:
@@ -199,18 +204,23 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
             # Triton tiles at M = 8 .. 128, producer_notes.md run 6); the tiles below then shape the
             # shared expert's programs, and the routed ones wherever the Gluon kernels cannot take a call.
             regs = bm in REGS_BLOCK_M and _is_hopper() and regs_enabled()
-            single = num_pairs <= SPLIT_K_MAX_PAIRS
+            gemv = regs and routed_gemv_picked(num_pairs)
+            # A token's shared expert shapes (K slices, wide gate/up tiles, deeper down tiles) also serve the
+            # routed GEMV's few tokens: there, too, the side stream's shared chain is the critical one.
+            single = num_pairs <= SPLIT_K_MAX_PAIRS or gemv
             bn_s, bk_s = decode_shared_tiles(REGS_SINGLE_TOKEN_SHARED_TILES if regs and single else DECODE_SHARED_TILES)
             if regs:
                 # The Triton grids then hold only the shared expert's programs (when it runs there, see
                 # expert_schedule.shared_strategy). Its K is split for a single token only; more slices
                 # (2, 4, 8 from M = 8 on) were slower on the H200 (producer_notes.md, run 6).
-                split = _env_power_of_two(SHARED_SPLIT_ENV, REGS_SINGLE_TOKEN_SHARED_SPLIT, 1) if single else 1
+                split = FEW_TOKENS_SHARED_SPLIT if SPLIT_K_MAX_PAIRS < num_pairs <= FEW_TOKENS_SPLIT_MAX_PAIRS else \
+                    REGS_SINGLE_TOKEN_SHARED_SPLIT
+                split = _env_power_of_two(SHARED_SPLIT_ENV, split, 1) if single else 1
                 bn2_s = _env_power_of_two(SHARED_L2_ROWS_ENV, 64, 16)
                 bk2_s = _env_power_of_two(SHARED_L2_K_ENV, REGS_SINGLE_TOKEN_SHARED_L2_K if single else 32, 16)
                 return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=bm == 16, split_k=split),
                                       GemmTiles(64, 128, 4, 4, bk2_s, 128 if bm == 16 else 0, bn2_s, tma=bm == 16),
-                                      dequant, True, regs_decode_split(num_pairs), routed_gemv_picked(num_pairs))
+                                      dequant, True, regs_decode_split(num_pairs), gemv)
             if bm == 16:
                 split = DECODE_SPLIT_K if num_pairs <= SPLIT_K_MAX_PAIRS else (1, 1)
                 return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=sm90, split_k=split[0]),

@@ -190,7 +190,7 @@ ROUTED_GEMV_CONFIG = RoutedGemvConfig(l1_rows=4, l2_rows=4, words=64, num_warps=
 ROUTED_GEMV_ONE_TOKEN_CONFIG = RoutedGemvConfig(l1_rows=2, l2_rows=2, words=64, num_warps=1, pair_programs=2)
 ONE_TOKEN_PAIRS = 16
 ROUTED_GEMV_ENV = "LMF_ROUTED_GEMV"  # "0" off, "1" on for any decode size, or ROWS1xROWS2xWORDS[wW][pP]
-ROUTED_GEMV_MAX_PAIRS = 32  # (token, slot) pairs up to which pick_config takes this path: two top-16 tokens
+ROUTED_GEMV_MAX_PAIRS = 64  # (token, slot) pairs up to which pick_config takes this path: four top-16 tokens
 MAX_PAIRS = 1024  # every program ranks all ids in registers
 
 
