@@ -25,6 +25,7 @@ SMALL = dict(latent=512, inter=256, num_experts=32, top_k=16, hidden=1024, inter
 
 def _run(p, shared: bool, monkeypatch, regs: bool):
     monkeypatch.setenv(ENV_SWITCH, "1" if regs else "0")
+    monkeypatch.setenv("LMF_ROUTED_GEMV", "0")  # these few-token cases would otherwise take the routed GEMV
     y = torch.full_like(p.z, float("nan"))
     s_out = torch.full_like(p.x_s, float("nan"))
     sh = SharedExpert(p.x_s, p.w1_s, p.w3_s, p.w2_s, s_out) if shared else None
@@ -90,6 +91,7 @@ def test_shared_expert_by_cublas_past_the_side_stream_tokens(m, monkeypatch, rng
 
 def test_capture_and_replay_with_the_side_stream(monkeypatch, rng_seed):
     monkeypatch.setenv(ENV_SWITCH, "1")
+    monkeypatch.setenv("LMF_ROUTED_GEMV", "0")  # captured on the register-dequant kernels, as _run replays them
     p = make_problem(8, weight_format="mxfp4", device="cuda", **KIMI_RANK)
     s_out = torch.empty_like(p.x_s)
     y = torch.empty_like(p.z)
@@ -133,7 +135,8 @@ def test_k_slices_match_float64_and_whole_k(sizes, m, split, monkeypatch, rng_se
 
     monkeypatch.setenv(ENV_SWITCH, "1")
     p = make_problem(m, weight_format="mxfp4", routing="few_experts", device="cuda", **sizes)
-    base = pick_config(m * sizes["top_k"], "mxfp4", torch.bfloat16, sizes["num_experts"])
+    # these few tokens would take the routed GEMV (routed_gemv): keep them on the K-sliced MMA kernels
+    base = replace(pick_config(m * sizes["top_k"], "mxfp4", torch.bfloat16, sizes["num_experts"]), routed_gemv=False)
     assert base.routed_regs
 
     def run(regs_split, producer=True):

@@ -42,9 +42,12 @@ def _capture(fn, static_x):
     return graph, out
 
 
-@pytest.mark.parametrize("m", (1, 8, 32))
-def test_graph_with_pdl_is_bitwise_the_graph_without(block, fused, m, monkeypatch):
+@pytest.mark.parametrize("m,routed_gemv", [(1, ""), (1, "0"), (8, ""), (32, "")])
+def test_graph_with_pdl_is_bitwise_the_graph_without(block, fused, m, routed_gemv, monkeypatch):
+    """routed_gemv "0": a token's routed experts on the MMA kernels, whose L2 is the routed PDL site."""
     fn, fpass = fused
+    if routed_gemv:
+        monkeypatch.setenv("LMF_ROUTED_GEMV", routed_gemv)
     static_x = torch.randn(m, block.cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
     monkeypatch.setenv(PDL_ENV, "none")
     plain, plain_out = _capture(fn, static_x)
