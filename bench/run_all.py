@@ -20,6 +20,8 @@ BENCHMARKS = (
     ("producer_weight_loads.py", (), None),
     ("producer_split_k.py", (), None),
     ("routed_regs.py", (), None),
+    ("routed_gemv.py", (), None),  # a few decode tokens' routed experts: CUDA-core GEMV against the MMA kernels
+    ("routed_gemv_sass.py", (), None),  # static SASS of the GEMV kernels' K loop (no GPU needed)
     ("regs_split.py", (), None),
     ("regs_sass.py", (), None),
     ("shared_strategy.py", (), None),
@@ -29,8 +31,8 @@ BENCHMARKS = (
     ("router_gemm.py", (), None),  # the router GEMM at decode against its byte floor
     ("route.py", (), None),  # the router chain after its GEMM: unfused vs lmf::noaux_tc_route
     ("decode_tuning.py", (), None),  # decode knobs (PDL sites, prefetch, shared-expert programs, ...) on the block
-    ("graph_timeline.py", (), None),
-    ("shared_overlap_bound.py", (), None),  # what starting the shared expert before the router could save  # kernels of one replayed decode forward: start, duration, idle before
+    ("graph_timeline.py", (), None),  # kernels of one replayed decode forward: start, duration, idle before
+    ("shared_overlap_bound.py", (), None),  # what starting the shared expert before the router could save
     ("deepgemm_routed.py", ("--weight-format", "mxfp4"), "deep_gemm"),
     ("deepgemm_routed.py", ("--weight-format", "bf16"), "deep_gemm"),
 )
