@@ -12,7 +12,9 @@ Sites (LMF_PDL, a comma list; "all" or "none"/"0"; read per call so a benchmark 
   tail    the latent tail's decode (swap-AB) kernels: prefetch their weight rows to L2, then wait;
           the combine before them signals early
   routed  the routed register-dequant chain L1 -> L1 finish -> L2 of a single token (K split): L1
-          signals early, the finish and L2 are launched dependent (L2 prefetches its weight rows first)
+          signals early, the finish and L2 are launched dependent (L2 prefetches its weight rows first).
+          Since the routed GEMV took one to four tokens (triton_kernels/routed_gemv.py, no PDL) this
+          chain runs for a token only with LMF_ROUTED_GEMV=0.
 """
 
 from __future__ import annotations

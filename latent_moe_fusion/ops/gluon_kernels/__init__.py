@@ -1,4 +1,5 @@
-"""Gluon kernels (sm_90): routed MXFP4 decode GEMMs with register-resident dequantisation.
+"""Gluon kernels (sm_90): routed MXFP4 decode GEMMs with register-resident dequantisation (routed_gemm.py),
+and the CUDA-core GEMVs for one to four tokens (routed_gemv.py, launched by triton_kernels/routed_gemv.py).
 
 Used by the Triton backend's schedule (triton_kernels/expert_schedule.py) for MXFP4 decode blocks
 on Hopper; `regs_path_reason` says why a call cannot take them (None if it can).

@@ -10,7 +10,9 @@ Every size that shapes a grid or buffer is known on the host; nothing reads devi
 Beyond GRID_SHARED_MAX_TOKENS the shared expert runs as cuBLAS GEMMs between the two grids instead
 (grid_shared_strategy).
 
-MXFP4 decode on sm_90: the routed tiles of 2 and 3 run on the Gluon register-dequant kernels
+MXFP4 decode on sm_90: one to four tokens' routed experts run on CUDA-core GEMV kernels (routed_gemv.py:
+L1 and L2 per (token, slot) pair, no grouping, then 4.), more tokens' routed tiles of 2 and 3 on the Gluon
+register-dequant kernels
 (ops/gluon_kernels) instead; the shared expert runs in the Triton grids alone or as cuBLAS GEMMs, on a
 side stream or in line, by token count (shared_strategy). (The tail's CUDA-core GEMV for a token's
 shared down-projection measured no faster in the block: bench/results/decode_tuning_gemv.md.)

@@ -57,7 +57,7 @@ class ProducerConfig:
     # slice order (bitwise the same every run), for a single token whose few experts cannot fill the GPU.
     regs_split: tuple[int, int] = (1, 1)
     # Routed MXFP4 experts on the CUDA-core GEMV kernels (triton_kernels/routed_gemv.py), one (token, slot)
-    # pair at a time, no grouping: for a single decode token. l1 / l2 then shape only the shared expert.
+    # pair at a time, no grouping: for one to four decode tokens. l1 / l2 then shape only the shared expert.
     routed_gemv: bool = False
 
     def __post_init__(self) -> None:

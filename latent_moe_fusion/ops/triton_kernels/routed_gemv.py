@@ -1,4 +1,4 @@
-"""Routed MXFP4 experts for one or two decode tokens on the CUDA cores: one (token, slot) pair at a time.
+"""Routed MXFP4 experts for one to four decode tokens on the CUDA cores: one (token, slot) pair at a time.
 
 A decode token reaches ~2 of a rank's experts (top-16 of 896 under EP8), one token each. The MMA
 kernels then pad every expert block to 16 rows, cut K into slices to find enough programs and add the
