@@ -232,7 +232,7 @@ def run_experts(
             raise ValueError(f"config.routed_regs: the register-dequant kernels cannot take this call ({reason}); "
                              "use a config with routed_regs=False")
         regs = reason is None
-    # Routed tiles on the CUDA-core GEMV kernels (one decode token): no grouping, pair-indexed rows. A
+    # Routed tiles on the CUDA-core GEMV kernels (one to four decode tokens): no grouping, pair-indexed rows. A
     # picked config falls back to the kernels above where the GEMV cannot take the call; a given one says why.
     gemv = cfg.routed_gemv and num_pairs > 0
     if gemv:

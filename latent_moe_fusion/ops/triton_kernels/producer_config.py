@@ -138,7 +138,7 @@ DECODE_SHARED_TILES = (32, 64)  # (rows, K) of the MXFP4 decode shared gate/up p
 REGS_SINGLE_TOKEN_SHARED_TILES = (32, 128)
 REGS_SINGLE_TOKEN_SHARED_SPLIT = 4
 # Two tokens beside the routed GEMV: 8 slices (H200 block at M = 2: 112.6 us against 115.1 with 4 and 120.7
-# unsplit; bench/results/decode_tuning_routed_gemv.md). Four tokens keep 4 (130.7 us at M = 4 with 4 slices;
+# unsplit; bench/results/decode_tuning_routed_gemv_m24.md). Four tokens keep 4 (130.7 us at M = 4 with 4 slices;
 # 141.4 with 8 on another machine, not compared in one process).
 FEW_TOKENS_SHARED_SPLIT = 8
 FEW_TOKENS_SPLIT_MAX_PAIRS = 32

@@ -182,14 +182,15 @@ class RoutedGemvConfig:
             raise ValueError(f"RoutedGemvConfig.words must be >= 4 (one E8M0 block), got {self.words}")
 
 
-# H200, Kimi K3 rank (L = 3584, I = 3072), whole block in CUDA graphs (bench/results/decode_tuning_routed_gemv.md):
+# H200, Kimi K3 rank (L = 3584, I = 3072), whole block in CUDA graphs (bench/results/decode_tuning_routed_gemv_m1.md,
+# _m124.md):
 # one token 84.1 us with 2 rows per item against 86.0 with 4 (beside the producer's shared expert, smaller
 # programs interleave better), two tokens 104.4 with 4 against 106.0 with 2. The routed op alone:
 # bench/results/routed_gemv.md.
 ROUTED_GEMV_CONFIG = RoutedGemvConfig(l1_rows=4, l2_rows=4, words=64, num_warps=1, pair_programs=2)
 ROUTED_GEMV_ONE_TOKEN_CONFIG = RoutedGemvConfig(l1_rows=2, l2_rows=2, words=64, num_warps=1, pair_programs=2)
 ONE_TOKEN_PAIRS = 16
-ROUTED_GEMV_ENV = "LMF_ROUTED_GEMV"  # "0" off, "1" on for any decode size, or ROWS1xROWS2xWORDS[wW][pP]
+ROUTED_GEMV_ENV = "LMF_ROUTED_GEMV"  # "0" off, "1" on for any decode size, or L1ROWSxL2ROWSxWORDS[wW][pP][b][f]
 ROUTED_GEMV_MAX_PAIRS = 64  # (token, slot) pairs up to which pick_config takes this path: four top-16 tokens
 MAX_PAIRS = 1024  # every program ranks all ids in registers
 
