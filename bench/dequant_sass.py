@@ -89,11 +89,9 @@ def sass_of(cubin: bytes) -> str:
         return subprocess.run([str(tool), "--dump-sass", f.name], capture_output=True, text=True, check=True).stdout
 
 
-def main_loop(sass: str) -> list[str]:
-    """Opcodes of the K loop of the routed branch: the longest backward-branch range that multiplies
-    bf16 pairs (the dequantiser's scale) and evaluates no transcendental (MUFU: the SiTU after the
-    loop; ranges of peeled iterations can span both). Without such a range (the Triton variant
-    converts in FP32): the longest one."""
+def loop_ranges(sass: str) -> list[list[str]]:
+    """Opcodes of every backward-branch range of the SASS (from the branch target to the branch): the
+    loops, inner ones inside outer ones."""
     lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)
     addr = [(int(a, 16), op, rest) for a, op, rest in lines]
     ranges = []
@@ -102,6 +100,15 @@ def main_loop(sass: str) -> list[str]:
         if m and int(m.group(1), 16) < a:
             start = next(j for j, x in enumerate(addr) if x[0] >= int(m.group(1), 16))
             ranges.append([op for _, op, _ in addr[start:i + 1]])
+    return ranges
+
+
+def main_loop(sass: str) -> list[str]:
+    """Opcodes of the K loop of the routed branch: the longest backward-branch range that multiplies
+    bf16 pairs (the dequantiser's scale) and evaluates no transcendental (MUFU: the SiTU after the
+    loop; ranges of peeled iterations can span both). Without such a range (the Triton variant
+    converts in FP32): the longest one."""
+    ranges = loop_ranges(sass)
     dequant = [r for r in ranges if any(o.startswith("HMUL2") for o in r) and not any(o.startswith("MUFU") for o in r)]
     return max(dequant or ranges, key=len, default=[])
 

@@ -22,7 +22,8 @@ from triton.backends.compiler import GPUTarget
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.dequant_sass import sass_of  # noqa: E402
+from bench.common import markdown_table  # noqa: E402
+from bench.dequant_sass import loop_ranges, sass_of  # noqa: E402
 from bench.regs_sass import registers  # noqa: E402
 from latent_moe_fusion.ops.gluon_kernels import routed_gemv as rg  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.routed_gemv import (  # noqa: E402
@@ -55,15 +56,8 @@ def compile_sm90(dual: bool, cfg: RoutedGemvConfig, scale_sums: bool | None = No
 def k_loop(sass: str) -> list[str]:
     """Opcodes of the K loop: the longest backward-branch range with FP32 FMAs and no shuffle or MUFU
     (those belong to the item loop around it: the lane sum and the SiTU)."""
-    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)
-    addr = [(int(a, 16), op, rest) for a, op, rest in lines]
-    ranges = []
-    for i, (a, op, rest) in enumerate(addr):
-        m = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
-        if m and int(m.group(1), 16) < a:
-            start = next(j for j, x in enumerate(addr) if x[0] >= int(m.group(1), 16))
-            ranges.append([o for _, o, _ in addr[start:i + 1]])
-    inner = [r for r in ranges if any(o.startswith("FFMA") for o in r) and not any(o.startswith(("SHFL", "MUFU")) for o in r)]
+    inner = [r for r in loop_ranges(sass)
+             if any(o.startswith("FFMA") for o in r) and not any(o.startswith(("SHFL", "MUFU")) for o in r)]
     return max(inner, key=len, default=[])
 
 
@@ -101,8 +95,7 @@ def main() -> None:
              "L = 3584, I = 3072; compiled on a CPU machine, not timed. per_element: loop instructions per thread x "
              "32 lanes x warps / weight elements per step (L1: gate and up rows). scale_sums False is the "
              "bf16x2-scaled lookup (spec suffix b).", "",
-             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+             markdown_table(rows, cols)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "routed_gemv_sass.md").write_text("\n".join(lines) + "\n")

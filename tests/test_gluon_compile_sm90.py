@@ -7,19 +7,15 @@ assert_trivial, so a change that needs a shuffle fails to compile here.
 Runs bench/regs_sass.py in a fresh interpreter without TRITON_INTERPRET (which this test session sets)."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.compiled_python import run_compiled
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_register_dequant_kernels_compile_for_sm90_with_register_operands(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "regs_sass.py"), "--out", str(tmp_path)],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = run_compiled([str(ROOT / "bench" / "regs_sass.py"), "--out", str(tmp_path)], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((tmp_path / "regs_sass.json").read_text())
     # both kernels, whole K and cut into 2 slices (the single-token split)

@@ -6,20 +6,16 @@ Runs bench/dequant_sass.py in a fresh interpreter: with TRITON_INTERPRET=1 (set 
 session on a machine without CUDA) @triton.jit yields interpreted functions, which do not compile."""
 
 import itertools
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.compiled_python import run_compiled
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_l1_kernel_compiles_for_sm90_with_the_ptx_dequantisers(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "dequant_sass.py"), "--out", str(tmp_path),
-                           "--variants", "asm_pairs", "lut", "--loads", "pointers", "tma", "--kernels", "l1", "l2"],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    done = run_compiled([str(ROOT / "bench" / "dequant_sass.py"), "--out", str(tmp_path), "--variants", "asm_pairs",
+                         "lut", "--loads", "pointers", "tma", "--kernels", "l1", "l2"], timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     table = (tmp_path / "dequant_sass.md").read_text()
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines() if line.startswith("| ")]

@@ -4,22 +4,18 @@ prefetch (and, in L2, the grouping's block table, written before L1 started) com
 signal before their first load. Runs tests/pdl_compile_sm90.py without TRITON_INTERPRET."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.compiled_python import run_compiled
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def where() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "pdl_compile_sm90.py")], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+    done = run_compiled([str(ROOT / "tests" / "pdl_compile_sm90.py")], timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -2,14 +2,9 @@
 failures (a non-constexpr global in @jit code, a layout the backend rejects) surface here, not on the
 H200. The CPU interpreter cannot see them. Runs in a fresh interpreter without TRITON_INTERPRET."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.compiled_python import run_compiled
 
 SCRIPT = """
 import triton
@@ -30,9 +25,6 @@ print("ptx-bytes", len(kernel.asm["ptx"]), "rows", rows, "warps", warps)
 
 @pytest.mark.parametrize("m, k", [(4096, 6)])  # one warp; top_k not a power of two (TOP_K_POW2 > TOP_K)
 def test_route_kernel_compiles_for_sm90(m, k):
-    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, "-c", SCRIPT.format(m=m, k=k)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    done = run_compiled(["-c", SCRIPT.format(m=m, k=k)], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ptx-bytes" in done.stdout and int(done.stdout.split()[1]) > 1000, done.stdout

@@ -6,19 +6,15 @@ FMA per weight element, and with scaled sums no bf16x2 scale multiply.
 Runs bench/routed_gemv_sass.py in a fresh interpreter without TRITON_INTERPRET (which this session sets)."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.compiled_python import run_compiled
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_routed_gemv_kernels_keep_everything_in_registers(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "routed_gemv_sass.py"), "--out", str(tmp_path)],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = run_compiled([str(ROOT / "bench" / "routed_gemv_sass.py"), "--out", str(tmp_path)], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((tmp_path / "routed_gemv_sass.json").read_text())
     assert {(r["kernel"], r["tokens"]) for r in rows} == {
