@@ -14,13 +14,16 @@ slot order and walks the items (valid pair, row tile) pid, pid + grid, ... so th
 host (CUDA graphs) whatever the routing. An expert's weights are read once per pair that uses it: fine
 while pairs rarely share an expert (a few tokens), which is when this path is picked.
 
-Numerics (the routed op's contract): the weight value is bf16(code * 2^(scale - 127)) (exact), the
-products and sums are FP32, each thread keeps its own (row, k) lanes across the K loop and the lanes
-are reduced once at the end; the activation is rounded once. Fixed order: bitwise deterministic.
+Numerics (the routed op's contract): weights are exact (code * 2^(scale - 127)), products and sums
+FP32, each thread keeps its own (row, k) lanes across the K loop and the lanes are reduced once at the
+end; the activation is rounded once. Fixed order: bitwise deterministic.
 
-Dequantisation: on the GPU the 8 codes of a 32-bit word go through the prmt table lookup of the Gluon
-kernels (gluon_kernels/lut_dequant.py, checked code by code by tests/ptx_emulator.py); LUT=False is
-the portable bit arithmetic of weight_tiles (the CPU interpreter's path, and a GPU cross-check).
+This file holds the portable Triton kernel (bit-arithmetic dequantisation of weight_tiles; the CPU
+interpreter's path, and off sm_90), the launcher and the configuration. On sm_90 the launcher runs the
+Gluon form (gluon_kernels/routed_gemv.py: the prmt table lookup of lut_dequant.py, checked code by code
+by tests/ptx_emulator.py, each word's 8 code products summed and then scaled once). The two differ only
+in FP32 summation order, and for the E8M0 byte 0, which the table lookup reads as 0 and the portable
+kernel (like the reference dequantiser) as 2^-127.
 """
 
 from __future__ import annotations
@@ -35,19 +38,8 @@ import triton
 import triton.language as tl
 
 from ..device import capability
-from ..gluon_kernels.lut_dequant import FP4_LUT8_ASM
 from .numerics import round_to, situ
 from .weight_tiles import e2m1_to_fp32, e8m0_to_fp32
-
-_LUT8_TEXT = tl.constexpr(FP4_LUT8_ASM)
-
-
-@triton.jit
-def _codes_lut(words, scales):
-    return tl.inline_asm_elementwise(
-        asm=_LUT8_TEXT, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,r", args=[words, scales],
-        dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1,
-    )
 
 
 @triton.jit
@@ -65,12 +57,9 @@ def _codes_plain(words, scales):
 
 
 @triton.jit
-def _word_products(words, scales, a_ptrs, lanes, LUT: tl.constexpr):
+def _word_products(words, scales, a_ptrs, lanes):
     """lanes += sum over the 8 codes i of word [n, j] of value * a[8 j + i] (a_ptrs: element 8 j)."""
-    if LUT:
-        v0, v1, v2, v3, v4, v5, v6, v7 = _codes_lut(words, scales)
-    else:
-        v0, v1, v2, v3, v4, v5, v6, v7 = _codes_plain(words, scales)
+    v0, v1, v2, v3, v4, v5, v6, v7 = _codes_plain(words, scales)
     lanes += v0.to(tl.float32) * tl.load(a_ptrs + 0).to(tl.float32)[None, :]
     lanes += v1.to(tl.float32) * tl.load(a_ptrs + 1).to(tl.float32)[None, :]
     lanes += v2.to(tl.float32) * tl.load(a_ptrs + 2).to(tl.float32)[None, :]
@@ -84,7 +73,7 @@ def _word_products(words, scales, a_ptrs, lanes, LUT: tl.constexpr):
 
 @triton.jit
 def _row_sums(w_ptrs, s_ptrs, w2_off, s2_off, a_ptrs, row_words, DUAL: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_W: tl.constexpr, LUT: tl.constexpr):
+              BLOCK_W: tl.constexpr):
     """FP32 [BLOCK_N] dot products of the rows at w_ptrs (word 0) with the activation at a_ptrs (element 0),
     and with DUAL those of the rows w2_off words (s2_off scale bytes) further. The next step's words are
     loaded before this step's are expanded (row_words a multiple of BLOCK_W)."""
@@ -106,9 +95,9 @@ def _row_sums(w_ptrs, s_ptrs, w2_off, s2_off, a_ptrs, row_words, DUAL: tl.conste
         if DUAL:
             words2_nx = tl.load(w_ptrs + w2_off + nxt)
             scales2_nx = tl.load(s_ptrs + s2_off + nxt // 4).to(tl.int32)
-        lanes = _word_products(words, scales, a_ptrs + 8 * kw, lanes, LUT)
+        lanes = _word_products(words, scales, a_ptrs + 8 * kw, lanes)
         if DUAL:
-            lanes2 = _word_products(words2, scales2, a_ptrs + 8 * kw, lanes2, LUT)
+            lanes2 = _word_products(words2, scales2, a_ptrs + 8 * kw, lanes2)
         words = words_nx
         scales = scales_nx
         words2 = words2_nx
@@ -124,7 +113,6 @@ def routed_gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
     BLOCK_P: tl.constexpr,
-    LUT: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """DUAL (L1): a = z (row p // top_k), rows n and n_out + n of W13, out = act (bf16 SiTU, row p).
@@ -150,7 +138,7 @@ def routed_gemv_kernel(
         s_rows = s_ptr + expert * stride_se + rows[:, None].to(tl.int64) * row_scales + (cols // 4)[None, :]
         a_ptrs = a_ptr + (pair // a_div).to(tl.int64) * stride_a + 8 * cols
         acc, up = _row_sums(w_rows, s_rows, n_out * row_words, n_out * row_scales, a_ptrs, row_words, DUAL,
-                            BLOCK_N, BLOCK_W, LUT)
+                            BLOCK_N, BLOCK_W)
         o_ptrs = out_ptr + pair.to(tl.int64) * stride_o + rows
         if DUAL:
             tl.store(o_ptrs, round_to(situ(acc, up, beta, lin_beta), out_ptr.dtype.element_ty, INTERPRET))
@@ -258,9 +246,8 @@ def launch_routed_gemv(
     ids = topk_ids.reshape(-1)
     if not ids.is_contiguous() or ids.dtype != torch.int32:
         ids = ids.contiguous().to(torch.int32)
-    # The table lookup's bf16x2 multiplies need sm_90; elsewhere the portable arithmetic runs.
-    # The table lookup's bf16x2 multiplies need sm_90; elsewhere (and in the interpreter) the portable
-    # Triton kernel runs. On the GPU the Gluon form of the same kernel (its layouts fixed by hand) runs.
+    # sm_90+ GPUs run the Gluon form (layouts fixed by hand; its table lookup's bf16x2 multiplies need
+    # sm_90); elsewhere, and in the interpreter, the portable Triton kernel runs.
     index = z.device.index if z.device.index is not None else (torch.cuda.current_device() if z.is_cuda else 0)
     gluon = not interpret and z.is_cuda and capability(index) >= (9, 0) and cfg.words % (32 * cfg.num_warps) == 0
     if kernel not in ("auto", "gluon", "triton"):
@@ -281,7 +268,7 @@ def launch_routed_gemv(
     else:
         l1 = l2 = routed_gemv_kernel
         l1_opts, l2_opts = dict(DUAL=True), dict(DUAL=False)
-        opts = dict(BLOCK_W=cfg.words, BLOCK_P=block_p, LUT=False, INTERPRET=interpret, num_warps=cfg.num_warps)
+        opts = dict(BLOCK_W=cfg.words, BLOCK_P=block_p, INTERPRET=interpret, num_warps=cfg.num_warps)
         z_in, act_in = z, act
     l1[(inter // cfg.l1_rows * share,)](
         z_in, ids, w13_words, w13_scale, act, num_pairs, top_k, inter, latent // 8, latent // 32,
