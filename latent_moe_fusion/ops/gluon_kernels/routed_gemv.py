@@ -1,5 +1,6 @@
-"""The routed GEMV kernels of triton_kernels/routed_gemv.py in Gluon: the same items, order of sums and
-outputs, with the register layout fixed by hand (the portable Triton kernel is the CPU interpreter's).
+"""The routed GEMV kernels of triton_kernels/routed_gemv.py in Gluon: the same items and outputs (the FP32
+summation order differs: FACTOR sums a word's 8 code products before its scale), with the register layout
+fixed by hand (the portable Triton kernel is the CPU interpreter's).
 
 Triton's own layout choice for that kernel routed the activation and the dequantised words through
 shared memory (STS / LDS and barriers in the K loop, 7.7 instructions per weight element, static SASS).
