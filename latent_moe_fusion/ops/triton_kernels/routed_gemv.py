@@ -183,7 +183,7 @@ ROUTED_GEMV_MAX_PAIRS = 64  # (token, slot) pairs up to which pick_config takes 
 MAX_PAIRS = 1024  # every program ranks all ids in registers
 
 
-def routed_gemv_setting(num_pairs: int = ONE_TOKEN_PAIRS + 1) -> tuple[bool | None, RoutedGemvConfig]:
+def routed_gemv_setting(num_pairs: int) -> tuple[bool | None, RoutedGemvConfig]:
     """(forced on / off / None: by size, the configuration for num_pairs (token, slot) pairs) from
     LMF_ROUTED_GEMV; bad values raise."""
     forced = os.environ.get(ROUTED_GEMV_ENV, "")
