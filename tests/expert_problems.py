@@ -104,6 +104,13 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out64 - ref64).norm() / denom)
 
 
+def normed_vs_float64_tolerance() -> float:
+    """bf16 RMS-normalised routed output against float64: the float64 reference skips the act and y roundings
+    the contract makes before the norm's own, so it gets the bound of tests/test_ops_reference.py (1e-2);
+    the same output against ops.math (the same roundings) keeps tolerance()."""
+    return 1e-2
+
+
 def tolerance(dtype: torch.dtype) -> float:
     # bf16: act and output roundings agree except where an FP32 sum lands next to a rounding tie.
     return 3e-3 if dtype == torch.bfloat16 else 2e-5
