@@ -24,8 +24,9 @@ def _gemv_config(m: int, top_k: int) -> producer_config.ProducerConfig:
     return replace(base, routed_gemv=True)
 
 
-# Wide row tiles keep the interpreter's program count low; p < pairs makes programs walk several items.
-@pytest.mark.parametrize("m,setting,routing", [(1, "16x32x4p2", "random"), (3, "8x16x4p1", "one_expert"),
+# Wide row tiles keep the interpreter's program count low; p < pairs makes programs walk several items; r64 caps
+# the registers on a GPU (the interpreter ignores it).
+@pytest.mark.parametrize("m,setting,routing", [(1, "16x32x4p2r64", "random"), (3, "8x16x4p1", "one_expert"),
                                                (2, "16x32x4p4", "few_experts"), (2, "32x64x4p2", "none")])
 def test_gemv_routed_matches_reference_and_float64(m, setting, routing, monkeypatch, rng_seed):
     monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, setting)
@@ -81,7 +82,8 @@ def test_gemv_reasons():
 
 @pytest.mark.parametrize("value,match", [("2", "expected 0, 1 or"), ("4x4", "expected 0, 1 or"),
                                          ("3x4x64", "power of two"), ("4x4x2", "words must be >= 4"),
-                                         ("4x4x64w0", "power of two")])
+                                         ("4x4x64w0", "power of two"), ("2x2x64r8", "max_registers must be in"),
+                                         ("2x2x64r300", "max_registers must be in"), ("2x2x64rf", "expected 0, 1 or")])
 def test_setting_rejects_bad_values(value, match, monkeypatch):
     monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, value)
     with pytest.raises(ValueError, match=match):
@@ -93,6 +95,9 @@ def test_setting_parses_a_full_spec(monkeypatch):
     assert routed_gemv.routed_gemv_setting(16) == (True, routed_gemv.RoutedGemvConfig(8, 2, 32, 2, 4))
     monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "4x4x64b")
     assert routed_gemv.routed_gemv_setting(16)[1] == routed_gemv.RoutedGemvConfig(4, 4, 64, 1, 2, scale_sums=False)
+    monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "2x2x64w1p2fr80")
+    assert routed_gemv.routed_gemv_setting(16)[1] == routed_gemv.RoutedGemvConfig(2, 2, 64, 1, 2, prefetch=True,
+                                                                                  max_registers=80)
     monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "0")
     assert routed_gemv.routed_gemv_setting(32) == (False, routed_gemv.ROUTED_GEMV_CONFIG)
     assert routed_gemv.routed_gemv_setting(16) == (False, routed_gemv.ROUTED_GEMV_ONE_TOKEN_CONFIG)

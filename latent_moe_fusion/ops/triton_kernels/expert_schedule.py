@@ -171,25 +171,6 @@ def grid_shared_strategy(m_s: int) -> str:
 
 
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-_URGENT_STREAMS: dict[int, torch.cuda.Stream] = {}
-ROUTED_URGENT_ENV = "LMF_ROUTED_URGENT"  # "1": the routed kernels on a high-priority stream beside the shared expert
-
-
-def routed_urgent() -> bool:
-    """Whether the routed kernels go to a high-priority stream while the shared expert runs on the side
-    stream (so that the block scheduler hands free SM slots to the routed chain first)."""
-    forced = os.environ.get(ROUTED_URGENT_ENV, "")
-    if forced not in ("", "0", "1"):
-        raise ValueError(f"{ROUTED_URGENT_ENV}={forced!r}: expected 0, 1 or unset")
-    return forced == "1"
-
-
-def _urgent_stream(device: torch.device) -> torch.cuda.Stream:
-    """One high-priority stream per device for the routed launches (fork / join like the side stream)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _URGENT_STREAMS:
-        _URGENT_STREAMS[index] = torch.cuda.Stream(device=index, priority=-1)
-    return _URGENT_STREAMS[index]
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
@@ -356,28 +337,22 @@ def run_experts(
                 BN=cfg.l2.bn, BK=cfg.l2.bk, BNS=cfg.l2.shared_bn, BKS=cfg.l2.bk_shared, WDESC=cfg.l2.tma,
                 SPLIT=split2, **cfg.l2.launch_options(), **common,
             )
-    urgent = _urgent_stream(dev) if side is not None and (regs or gemv) and routed_urgent() else None
-    if urgent is not None:
-        urgent.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(urgent) if urgent is not None else contextlib.nullcontext():
-        if regs:
-            # PDL (ops/pdl.py): L2 follows L1 directly unless the shared GEMMs run in line between them.
-            # PDL only for a single token's K-split chain: from M = 8 on, L2's waiting programs hold SM slots
-            # that L1's many blocks need (H200: +9 us at M = 8, -1 to -2 us at M = 1; decode_tuning.md).
-            pdl = use_pdl("routed", dev) and not in_line_library and cfg.regs_split != (1, 1)
-            if grouping is None:
-                grouping = group_by_expert(topk_ids, num_experts, bm)
-            sorted_pairs, block_expert = grouping.sorted_pairs, grouping.block_expert
-            launch_routed_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm, top_k, beta, lin_beta,
-                             cfg.regs_split[0], signal=pdl)
-            if in_line_library:
-                shared_as_library()
-            launch_routed_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max, bm, dependent=pdl)
-        if gemv:
-            launch_routed_gemv(z, topk_ids, w13, w13_scale, w2, w2_scale, act, pairs, beta, lin_beta, gemv_cfg, interp,
-                               shared_as_library if in_line_library else None)
-    if urgent is not None:
-        torch.cuda.current_stream(dev).wait_stream(urgent)
+    if regs:
+        # PDL (ops/pdl.py): L2 follows L1 directly unless the shared GEMMs run in line between them.
+        # PDL only for a single token's K-split chain: from M = 8 on, L2's waiting programs hold SM slots
+        # that L1's many blocks need (H200: +9 us at M = 8, -1 to -2 us at M = 1; decode_tuning.md).
+        pdl = use_pdl("routed", dev) and not in_line_library and cfg.regs_split != (1, 1)
+        if grouping is None:
+            grouping = group_by_expert(topk_ids, num_experts, bm)
+        sorted_pairs, block_expert = grouping.sorted_pairs, grouping.block_expert
+        launch_routed_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm, top_k, beta, lin_beta,
+                         cfg.regs_split[0], signal=pdl)
+        if in_line_library:
+            shared_as_library()
+        launch_routed_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max, bm, dependent=pdl)
+    if gemv:
+        launch_routed_gemv(z, topk_ids, w13, w13_scale, w2, w2_scale, act, pairs, beta, lin_beta, gemv_cfg, interp,
+                           shared_as_library if in_line_library else None)
     if side is not None:
         torch.cuda.current_stream(dev).wait_stream(side)
     launch_combine(pairs, topk_ids, topk_weights, y, rms_weight, eps)

@@ -163,13 +163,6 @@ class RoutedGemvConfig:
     # GPU kernel: cap on registers per thread (ptxas maxnreg; spec suffix "rN"), so that more one-warp programs
     # fit an SM (None: the compiler's choice).
     max_registers: int | None = None
-    # GPU kernel: the items on the tensor cores (gluon_kernels/routed_gemv_mma.py; spec suffix "m"): 16-row items,
-    # 16-word (128 k) steps, K cut into num_warps slices, the looked-up bf16 weights as mma.sync's A operand.
-    mma: bool = False
-    # mma form: L2's warps (K slices; spec "wL1/L2", None: num_warps) and the steps whose loads are in flight
-    # while one is expanded (spec suffix "d2": two, else one).
-    l2_warps: int | None = None
-    depth: int = 1
 
     def __post_init__(self) -> None:
         for name in ("l1_rows", "l2_rows", "words", "num_warps", "pair_programs"):
@@ -180,16 +173,6 @@ class RoutedGemvConfig:
             raise ValueError(f"RoutedGemvConfig.words must be >= 4 (one E8M0 block), got {self.words}")
         if self.max_registers is not None and not 24 <= self.max_registers <= 255:
             raise ValueError(f"RoutedGemvConfig.max_registers must be in 24 .. 255 (or None), got {self.max_registers}")
-        if self.mma and (self.l1_rows, self.l2_rows, self.words) != (16, 16, 16):
-            raise ValueError("RoutedGemvConfig.mma takes 16-row items and 16-word steps (16x16x16), got "
-                             f"{self.l1_rows}x{self.l2_rows}x{self.words}")
-        if self.mma and not {self.num_warps, self.l2_warps or self.num_warps} <= {2, 4, 8}:
-            raise ValueError(f"RoutedGemvConfig.mma cuts K into 2, 4 or 8 warps' slices, got {self.num_warps} "
-                             f"(L1) and {self.l2_warps} (L2) warps")
-        if (self.l2_warps is not None or self.depth != 1) and not self.mma:
-            raise ValueError("RoutedGemvConfig.l2_warps and depth are settings of the mma form (spec suffix m)")
-        if self.depth not in (1, 2):
-            raise ValueError(f"RoutedGemvConfig.depth must be 1 or 2, got {self.depth}")
 
 
 # H200, Kimi K3 rank (L = 3584, I = 3072), whole block in CUDA graphs (bench/results/decode_tuning_routed_gemv_m1.md,
@@ -200,7 +183,7 @@ class RoutedGemvConfig:
 ROUTED_GEMV_CONFIG = RoutedGemvConfig(l1_rows=4, l2_rows=4, words=64, num_warps=1, pair_programs=2)
 ROUTED_GEMV_ONE_TOKEN_CONFIG = RoutedGemvConfig(l1_rows=2, l2_rows=2, words=64, num_warps=1, pair_programs=2)
 ONE_TOKEN_PAIRS = 16
-ROUTED_GEMV_ENV = "LMF_ROUTED_GEMV"  # "0" off, "1" on for any decode size, or L1ROWSxL2ROWSxWORDS[wW[/W2]][pP][b][f][m[d2]][rR]
+ROUTED_GEMV_ENV = "LMF_ROUTED_GEMV"  # "0" off, "1" on for any decode size, or L1ROWSxL2ROWSxWORDS[wW][pP][b][f][rR]
 ROUTED_GEMV_MAX_PAIRS = 64  # (token, slot) pairs up to which pick_config takes this path: four top-16 tokens
 MAX_PAIRS = 1024  # every program ranks all ids in registers
 
@@ -212,17 +195,16 @@ def routed_gemv_setting(num_pairs: int) -> tuple[bool | None, RoutedGemvConfig]:
     if forced in ("", "0", "1"):
         default = ROUTED_GEMV_ONE_TOKEN_CONFIG if num_pairs <= ONE_TOKEN_PAIRS else ROUTED_GEMV_CONFIG
         return (None if not forced else forced == "1"), default
-    match = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+)(?:/(\d+))?)?(?:p(\d+))?(b?)(f?)(m?)(?:d(\d))?(?:r(\d+))?", forced)
+    match = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:p(\d+))?(b?)(f?)(?:r(\d+))?", forced)
     if match is None:
-        raise ValueError(f"{ROUTED_GEMV_ENV}={forced!r}: expected 0, 1 or L1ROWSxL2ROWSxWORDS[wWARPS[/L2WARPS]][pPAIRS][b][f][m[dDEPTH]][rREGS], "
+        raise ValueError(f"{ROUTED_GEMV_ENV}={forced!r}: expected 0, 1 or L1ROWSxL2ROWSxWORDS[wWARPS][pPAIRS][b][f][rREGS], "
                          "e.g. 4x4x64w1p2")
-    l1, l2, words, warps, l2_warps, pairs, bf16_scale, prefetch, mma, depth, regs = match.groups()
+    l1, l2, words, warps, pairs, bf16_scale, prefetch, regs = match.groups()
     base = ROUTED_GEMV_CONFIG
     try:
         cfg = RoutedGemvConfig(int(l1), int(l2), int(words), int(warps or base.num_warps),
                                int(pairs or base.pair_programs), not bf16_scale, bool(prefetch),
-                               int(regs) if regs else None, bool(mma), int(l2_warps) if l2_warps else None,
-                               int(depth or 1))
+                               int(regs) if regs else None)
     except ValueError as err:
         raise ValueError(f"{ROUTED_GEMV_ENV}={forced!r}: {err}") from None
     return True, cfg
@@ -238,13 +220,9 @@ def routed_gemv_reason(
     if num_pairs > MAX_PAIRS:
         return f"at most {MAX_PAIRS} (token, slot) pairs, got {num_pairs}"
     latent, inter = z.shape[1], w2.shape[-1] * 2
-    l2_warps = cfg.l2_warps or cfg.num_warps
-    for name, k, rows, n, warps in (("L", latent, cfg.l1_rows, inter, cfg.num_warps),
-                                    ("I", inter, cfg.l2_rows, latent, l2_warps)):
-        step = 8 * cfg.words * (warps if cfg.mma else 1)  # the MMA kernels cut K into one slice per warp
-        if k % step:
-            return f"K = {name} = {k} must be a multiple of {step} (K steps of {cfg.words} words" + (
-                f" in {warps} slices)" if cfg.mma else ")")
+    for name, k, rows, n in (("L", latent, cfg.l1_rows, inter), ("I", inter, cfg.l2_rows, latent)):
+        if k % (8 * cfg.words):
+            return f"K = {name} = {k} must be a multiple of {8 * cfg.words} (the K step of {cfg.words} words)"
         if n % rows:
             return f"{n} output rows do not cut into tiles of {rows}"
     for w, s in ((w13, w13_scale), (w2, w2_scale)):
@@ -277,47 +255,37 @@ def launch_routed_gemv(
     # sm_90+ GPUs run the Gluon form (layouts fixed by hand; its table lookup's bf16x2 multiplies need
     # sm_90); elsewhere, and in the interpreter, the portable Triton kernel runs.
     index = z.device.index if z.device.index is not None else (torch.cuda.current_device() if z.is_cuda else 0)
-    layout_fits = cfg.mma or cfg.words % (32 * cfg.num_warps) == 0  # the CUDA-core form: whole words per lane
-    gluon = not interpret and z.is_cuda and capability(index) >= (9, 0) and layout_fits
+    gluon = not interpret and z.is_cuda and capability(index) >= (9, 0) and cfg.words % (32 * cfg.num_warps) == 0
     if kernel not in ("auto", "gluon", "triton"):
         raise ValueError(f"kernel={kernel!r}: expected auto, gluon or triton")
     if kernel == "gluon" and not gluon:
-        raise ValueError("kernel='gluon' needs an sm_90+ GPU, no interpreter, and words a multiple of 32 x num_warps "
-                         "(or the mma form)")
+        raise ValueError("kernel='gluon' needs an sm_90+ GPU, no interpreter, and words a multiple of 32 x num_warps")
     gluon = gluon and kernel != "triton"
-    mma = gluon and cfg.mma
     reg_cap = {} if cfg.max_registers is None or interpret else {"maxnreg": cfg.max_registers}
     block_p = triton.next_power_of_2(num_pairs)
     share = min(num_pairs, cfg.pair_programs)
     w13_words, w2_words = w13.view(torch.int32), w2.view(torch.int32)
-    if mma:
-        from ..gluon_kernels.routed_gemv_mma import routed_mma_l1_kernel, routed_mma_l2_kernel
-        l1, l2 = routed_mma_l1_kernel, routed_mma_l2_kernel  # 16-row items
-        l1_opts, l2_opts = dict(num_warps=cfg.num_warps), dict(num_warps=cfg.l2_warps or cfg.num_warps)
-        opts = dict(BLOCK_P=block_p, DEPTH=cfg.depth)
-        z_in, act_in = z, act
-    elif gluon:
+    if gluon:
         from ..gluon_kernels.routed_gemv import routed_gemv_l1_kernel, routed_gemv_l2_kernel
 
-        l1, l2 = routed_gemv_l1_kernel, routed_gemv_l2_kernel
-        l1_opts, l2_opts = dict(BLOCK_N=cfg.l1_rows), dict(BLOCK_N=cfg.l2_rows)
+        l1, l2, l1_opts, l2_opts = routed_gemv_l1_kernel, routed_gemv_l2_kernel, {}, {}
         opts = dict(WPT=cfg.words // (32 * cfg.num_warps), BLOCK_P=block_p, num_warps=cfg.num_warps,
                     FACTOR=cfg.scale_sums, PREFETCH=cfg.prefetch)
         z_in, act_in = z.view(torch.int32), act.view(torch.int32)  # bf16 pairs
     else:
         l1 = l2 = routed_gemv_kernel
-        l1_opts, l2_opts = dict(DUAL=True, BLOCK_N=cfg.l1_rows), dict(DUAL=False, BLOCK_N=cfg.l2_rows)
+        l1_opts, l2_opts = dict(DUAL=True), dict(DUAL=False)
         opts = dict(BLOCK_W=cfg.words, BLOCK_P=block_p, INTERPRET=interpret, num_warps=cfg.num_warps)
         z_in, act_in = z, act
     l1[(inter // cfg.l1_rows * share,)](
         z_in, ids, w13_words, w13_scale, act, num_pairs, top_k, inter, latent // 8, latent // 32,
         w13_words.stride(0), w13_scale.stride(0), z_in.stride(0), act.stride(0), float(beta), float(lin_beta),
-        **l1_opts, **opts, **reg_cap,
+        BLOCK_N=cfg.l1_rows, **l1_opts, **opts, **reg_cap,
     )
     if between is not None:
         between()
     l2[(latent // cfg.l2_rows * share,)](
         act_in, ids, w2_words, w2_scale, pairs, num_pairs, top_k, latent, inter // 8, inter // 32,
         w2_words.stride(0), w2_scale.stride(0), act_in.stride(0), pairs.stride(0), 0.0, 0.0,
-        **l2_opts, **opts, **reg_cap,
+        BLOCK_N=cfg.l2_rows, **l2_opts, **opts, **reg_cap,
     )
