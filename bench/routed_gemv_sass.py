@@ -50,7 +50,8 @@ def compile_sm90(dual: bool, cfg: RoutedGemvConfig, scale_sums: bool | None = No
                       PREFETCH=cfg.prefetch)
     sig |= {k: "constexpr" for k in constexprs}
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
+    options = {"num_warps": cfg.num_warps} | ({"maxnreg": cfg.max_registers} if cfg.max_registers else {})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def k_loop(sass: str) -> list[str]:

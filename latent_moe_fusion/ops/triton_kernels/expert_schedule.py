@@ -217,10 +217,20 @@ def run_experts(
 
     y = torch.empty_like(z) if out is None else out
     nb_max = max_blocks(num_pairs, num_experts, bm) if num_pairs > 0 else 0
+    # Routed tiles on the CUDA-core GEMV kernels (one to four decode tokens): no grouping, pair-indexed rows. A
+    # picked config falls back to the kernels below where the GEMV cannot take the call; a given one says why.
+    gemv = cfg.routed_gemv and num_pairs > 0
+    if gemv:
+        gemv_cfg = routed_gemv_setting(num_pairs)[1]
+        why = routed_gemv_reason(z, w13, w2, w13_scale, w2_scale, weight_format, num_pairs, gemv_cfg)
+        if why is not None and config is not None:
+            raise ValueError(f"config.routed_gemv: the GEMV kernels cannot take this call ({why}); "
+                             "use a config with routed_gemv=False")
+        gemv = why is None
     # Routed tiles on the Gluon register-dequant kernels (MXFP4 decode, sm_90); the Triton grids then
     # hold only the shared expert's tiles. A picked config falls back to the Triton tiles where the Gluon
     # kernels cannot take the call; a given one says why.
-    regs = cfg.routed_regs and num_pairs > 0
+    regs = cfg.routed_regs and num_pairs > 0 and not gemv  # the GEMV, where it runs, replaces them
     if regs:
         reason = regs_path_reason(z, w13, w2, w13_scale, w2_scale, weight_format, bm)
         split_why = split_reason(cfg.regs_split, latent, inter) if reason is None else None
@@ -232,18 +242,6 @@ def run_experts(
             raise ValueError(f"config.routed_regs: the register-dequant kernels cannot take this call ({reason}); "
                              "use a config with routed_regs=False")
         regs = reason is None
-    # Routed tiles on the CUDA-core GEMV kernels (one to four decode tokens): no grouping, pair-indexed rows. A
-    # picked config falls back to the kernels above where the GEMV cannot take the call; a given one says why.
-    gemv = cfg.routed_gemv and num_pairs > 0
-    if gemv:
-        gemv_cfg = routed_gemv_setting(num_pairs)[1]
-        why = routed_gemv_reason(z, w13, w2, w13_scale, w2_scale, weight_format, num_pairs, gemv_cfg)
-        if why is not None and config is not None:
-            raise ValueError(f"config.routed_gemv: the GEMV kernels cannot take this call ({why}); "
-                             "use a config with routed_gemv=False")
-        gemv = why is None
-    if gemv:
-        regs = False
     nb_triton = 0 if regs or gemv else nb_max
     act_rows = num_pairs if gemv else nb_max * bm
     act = torch.empty(max(act_rows, 1), inter, dtype=z.dtype, device=dev)
