@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
-# (script, extra arguments, module it needs beyond the base install or None)
+# (script, extra arguments, module it needs beyond the base install, "tool:NAME" for a program, or None)
 BENCHMARKS = (
     ("tail.py", (), None),
     ("tail.py", ("--gemv", "--no-bench"), None),  # the few-token GEMV against swap-AB (tail_gemv.md)
@@ -22,6 +23,7 @@ BENCHMARKS = (
     ("routed_regs.py", (), None),
     ("routed_gemv.py", (), None),  # a few decode tokens' routed experts: CUDA-core GEMV against the MMA kernels
     ("routed_gemv_sass.py", (), None),  # static SASS of the GEMV kernels' K loop (no GPU needed)
+    ("ncu_routed.py", (), "tool:ncu"),  # hardware counters of the routed L1 kernels (Nsight Compute)
     ("regs_split.py", (), None),
     ("regs_sass.py", (), None),
     ("shared_strategy.py", (), None),
@@ -48,7 +50,11 @@ def main() -> int:
     failed = []
     for name, extra, needs in BENCHMARKS:
         script = BENCH_DIR / name
-        if needs is not None and importlib.util.find_spec(needs) is None:
+        if needs is not None and needs.startswith("tool:"):
+            if shutil.which(needs[5:]) is None:
+                print(f"== {name} skipped: {needs[5:]!r} is not on the PATH", flush=True)
+                continue
+        elif needs is not None and importlib.util.find_spec(needs) is None:
             print(f"== {name} skipped: the optional module {needs!r} is not installed", flush=True)
             continue
         print(f"== {name} {' '.join(extra)}", flush=True)
