@@ -54,8 +54,7 @@ SPECS = ("4x4x64w1p2", "4x4x64w1p1", "4x4x64w1p4", "2x2x64w1p2", "8x8x64w1p2", "
 
 def _spec(c) -> str:
     return f"{c.l1_rows}x{c.l2_rows}x{c.words}w{c.num_warps}p{c.pair_programs}" + ("" if c.scale_sums else "b") + (
-        "f" if c.prefetch else "") + (f"d{c.depth}" if c.depth != 1 else "") + (
-        f"r{c.max_registers}" if c.max_registers else "")
+        "f" if c.prefetch else "") + (f"r{c.max_registers}" if c.max_registers else "")
 
 
 def main() -> None:

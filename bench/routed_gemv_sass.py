@@ -47,7 +47,7 @@ def compile_sm90(dual: bool, cfg: RoutedGemvConfig, scale_sums: bool | None = No
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n not in NOT_DIVISIBLE}
     constexprs = dict(BLOCK_N=cfg.l1_rows if dual else cfg.l2_rows, WPT=cfg.words // (32 * cfg.num_warps), BLOCK_P=16,
                       num_warps=cfg.num_warps, FACTOR=cfg.scale_sums if scale_sums is None else scale_sums,
-                      PREFETCH=cfg.prefetch, DEPTH=cfg.depth)
+                      PREFETCH=cfg.prefetch)
     sig |= {k: "constexpr" for k in constexprs}
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": cfg.num_warps} | ({"maxnreg": cfg.max_registers} if cfg.max_registers else {})

@@ -83,8 +83,7 @@ def test_gemv_reasons():
 @pytest.mark.parametrize("value,match", [("2", "expected 0, 1 or"), ("4x4", "expected 0, 1 or"),
                                          ("3x4x64", "power of two"), ("4x4x2", "words must be >= 4"),
                                          ("4x4x64w0", "power of two"), ("2x2x64r8", "max_registers must be in"),
-                                         ("2x2x64r300", "max_registers must be in"), ("2x2x64rf", "expected 0, 1 or"),
-                                         ("2x2x64d3", "depth must be 1 or 2")])
+                                         ("2x2x64r300", "max_registers must be in"), ("2x2x64rf", "expected 0, 1 or")])
 def test_setting_rejects_bad_values(value, match, monkeypatch):
     monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, value)
     with pytest.raises(ValueError, match=match):
@@ -96,9 +95,9 @@ def test_setting_parses_a_full_spec(monkeypatch):
     assert routed_gemv.routed_gemv_setting(16) == (True, routed_gemv.RoutedGemvConfig(8, 2, 32, 2, 4))
     monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "4x4x64b")
     assert routed_gemv.routed_gemv_setting(16)[1] == routed_gemv.RoutedGemvConfig(4, 4, 64, 1, 2, scale_sums=False)
-    monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "2x2x64w1p2fd2r80")
+    monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "2x2x64w1p2fr80")
     assert routed_gemv.routed_gemv_setting(16)[1] == routed_gemv.RoutedGemvConfig(2, 2, 64, 1, 2, prefetch=True,
-                                                                                  max_registers=80, depth=2)
+                                                                                  max_registers=80)
     monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "0")
     assert routed_gemv.routed_gemv_setting(32) == (False, routed_gemv.ROUTED_GEMV_CONFIG)
     assert routed_gemv.routed_gemv_setting(16) == (False, routed_gemv.ROUTED_GEMV_ONE_TOKEN_CONFIG)

@@ -69,45 +69,33 @@ def _word_products(words, scales, a_ptrs, lanes, FACTOR: gl.constexpr):
 
 
 @gluon.jit
-def _load_words(w_ptrs, s_ptrs, w2_off, s2_off, kw, DUAL: gl.constexpr):
-    """The words and int32 scale bytes of K step kw (and with DUAL those of the rows w2_off words further)."""
-    words = gl.load(w_ptrs + kw)
-    scales = gl.load(s_ptrs + kw // 4).to(gl.int32)
+def _row_sums(w_ptrs, s_ptrs, w2_off, s2_off, a_ptrs, row_words, DUAL: gl.constexpr, BLOCK_N: gl.constexpr,
+              BW: gl.constexpr, L: gl.constexpr, FACTOR: gl.constexpr):
+    lanes = gl.zeros([BLOCK_N, BW], gl.float32, layout=L)
+    lanes2 = gl.zeros([BLOCK_N, BW], gl.float32, layout=L)
+    words = gl.load(w_ptrs)
+    scales = gl.load(s_ptrs).to(gl.int32)
     words2 = words
     scales2 = scales
     if DUAL:
-        words2 = gl.load(w_ptrs + w2_off + kw)
-        scales2 = gl.load(s_ptrs + s2_off + kw // 4).to(gl.int32)
-    return words, scales, words2, scales2
-
-
-@gluon.jit
-def _row_sums(w_ptrs, s_ptrs, w2_off, s2_off, a_ptrs, row_words, DUAL: gl.constexpr, BLOCK_N: gl.constexpr,
-              BW: gl.constexpr, L: gl.constexpr, FACTOR: gl.constexpr, DEPTH: gl.constexpr):
-    """The rows' FP32 sums; the words of the next DEPTH (1 or 2) K steps are in flight while a step's are expanded
-    (steps past the end reload the last one, in cache)."""
-    lanes = gl.zeros([BLOCK_N, BW], gl.float32, layout=L)
-    lanes2 = gl.zeros([BLOCK_N, BW], gl.float32, layout=L)
-    last = row_words - BW
-    words, scales, words2, scales2 = _load_words(w_ptrs, s_ptrs, w2_off, s2_off, 0, DUAL)
-    if DEPTH == 2:
-        words_1, scales_1, words2_1, scales2_1 = _load_words(w_ptrs, s_ptrs, w2_off, s2_off, gl.minimum(BW, last), DUAL)
-        for kw in range(0, row_words, BW):
-            words_2, scales_2, words2_2, scales2_2 = _load_words(w_ptrs, s_ptrs, w2_off, s2_off,
-                                                                 gl.minimum(kw + 2 * BW, last), DUAL)
-            lanes = _word_products(words, scales, a_ptrs + 4 * kw, lanes, FACTOR)
-            if DUAL:
-                lanes2 = _word_products(words2, scales2, a_ptrs + 4 * kw, lanes2, FACTOR)
-            words, scales, words2, scales2 = words_1, scales_1, words2_1, scales2_1
-            words_1, scales_1, words2_1, scales2_1 = words_2, scales_2, words2_2, scales2_2
-    else:
-        for kw in range(0, row_words, BW):
-            words_1, scales_1, words2_1, scales2_1 = _load_words(w_ptrs, s_ptrs, w2_off, s2_off,
-                                                                 gl.minimum(kw + BW, last), DUAL)
-            lanes = _word_products(words, scales, a_ptrs + 4 * kw, lanes, FACTOR)
-            if DUAL:
-                lanes2 = _word_products(words2, scales2, a_ptrs + 4 * kw, lanes2, FACTOR)
-            words, scales, words2, scales2 = words_1, scales_1, words2_1, scales2_1
+        words2 = gl.load(w_ptrs + w2_off)
+        scales2 = gl.load(s_ptrs + s2_off).to(gl.int32)
+    for kw in range(0, row_words, BW):
+        nxt = gl.minimum(kw + BW, row_words - BW)  # the last step reloads itself (in cache)
+        words_nx = gl.load(w_ptrs + nxt)
+        scales_nx = gl.load(s_ptrs + nxt // 4).to(gl.int32)
+        words2_nx = words_nx
+        scales2_nx = scales_nx
+        if DUAL:
+            words2_nx = gl.load(w_ptrs + w2_off + nxt)
+            scales2_nx = gl.load(s_ptrs + s2_off + nxt // 4).to(gl.int32)
+        lanes = _word_products(words, scales, a_ptrs + 4 * kw, lanes, FACTOR)
+        if DUAL:
+            lanes2 = _word_products(words2, scales2, a_ptrs + 4 * kw, lanes2, FACTOR)
+        words = words_nx
+        scales = scales_nx
+        words2 = words2_nx
+        scales2 = scales2_nx
     return gl.sum(lanes, axis=1), gl.sum(lanes2, axis=1)
 
 
@@ -149,7 +137,6 @@ def _routed_gemv(
     NW: gl.constexpr,
     FACTOR: gl.constexpr,
     PREFETCH: gl.constexpr,
-    DEPTH: gl.constexpr,
 ):
     """triton_kernels.routed_gemv.routed_gemv_kernel's contract, with a_ptr the activations as int32 pairs
     (stride_a in pairs); K steps of 32 x WPT x num_warps words."""
@@ -181,7 +168,7 @@ def _routed_gemv(
         s_rows = s_ptr + expert * stride_se + rows[:, None].to(gl.int64) * row_scales + (cols // 4)[None, :]
         a_ptrs = a_ptr + (pair // a_div).to(gl.int64) * stride_a + 4 * cols  # int32 pairs of bf16
         acc, up = _row_sums(w_rows, s_rows, n_out * row_words, n_out * row_scales, a_ptrs, row_words, DUAL,
-                            BLOCK_N, BW, L, FACTOR, DEPTH)
+                            BLOCK_N, BW, L, FACTOR)
         o_ptrs = out_ptr + pair.to(gl.int64) * stride_o + rows
         if DUAL:
             gl.store(o_ptrs, situ(acc, up, beta, lin_beta).to(out_ptr.dtype.element_ty))
@@ -194,12 +181,12 @@ def routed_gemv_l1_kernel(
     z_ptr, ids_ptr, w_ptr, s_ptr, act_ptr,
     n_pairs, top_k, inter, row_words, row_scales, stride_we, stride_se, stride_z, stride_act, beta, lin_beta,
     BLOCK_N: gl.constexpr, WPT: gl.constexpr, BLOCK_P: gl.constexpr, num_warps: gl.constexpr,
-    FACTOR: gl.constexpr = True, PREFETCH: gl.constexpr = False, DEPTH: gl.constexpr = 1,
+    FACTOR: gl.constexpr = True, PREFETCH: gl.constexpr = False,
 ):
     """act[p, n] = bf16(SiTU(W13[e, n] . z[p // top_k], W13[e, inter + n] . z[p // top_k])) (z as bf16 pairs)."""
     _routed_gemv(z_ptr, ids_ptr, w_ptr, s_ptr, act_ptr, n_pairs, top_k, inter, row_words, row_scales, stride_we,
                  stride_se, stride_z, stride_act, beta, lin_beta, True, BLOCK_N, WPT, BLOCK_P, num_warps, FACTOR,
-                 PREFETCH, DEPTH)
+                 PREFETCH)
 
 
 @gluon.jit(do_not_specialize=["n_pairs", "top_k"])
@@ -207,9 +194,9 @@ def routed_gemv_l2_kernel(
     act_ptr, ids_ptr, w_ptr, s_ptr, pairs_ptr,
     n_pairs, top_k, latent, row_words, row_scales, stride_we, stride_se, stride_act, stride_pairs, beta, lin_beta,
     BLOCK_N: gl.constexpr, WPT: gl.constexpr, BLOCK_P: gl.constexpr, num_warps: gl.constexpr,
-    FACTOR: gl.constexpr = True, PREFETCH: gl.constexpr = False, DEPTH: gl.constexpr = 1,
+    FACTOR: gl.constexpr = True, PREFETCH: gl.constexpr = False,
 ):
     """pairs[p, n] = W2[e, n] . act[p] in FP32 (act as bf16 pairs; beta, lin_beta unused)."""
     _routed_gemv(act_ptr, ids_ptr, w_ptr, s_ptr, pairs_ptr, n_pairs, top_k, latent, row_words, row_scales, stride_we,
                  stride_se, stride_act, stride_pairs, beta, lin_beta, False, BLOCK_N, WPT, BLOCK_P, num_warps, FACTOR,
-                 PREFETCH, DEPTH)
+                 PREFETCH)

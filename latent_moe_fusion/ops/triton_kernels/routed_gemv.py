@@ -163,8 +163,6 @@ class RoutedGemvConfig:
     # GPU kernel: cap on registers per thread (ptxas maxnreg; spec suffix "rN"), so that more one-warp programs
     # fit an SM (None: the compiler's choice).
     max_registers: int | None = None
-    # GPU kernel: K steps whose words are in flight while one is expanded (spec suffix "d2": two; default one).
-    depth: int = 1
 
     def __post_init__(self) -> None:
         for name in ("l1_rows", "l2_rows", "words", "num_warps", "pair_programs"):
@@ -175,8 +173,6 @@ class RoutedGemvConfig:
             raise ValueError(f"RoutedGemvConfig.words must be >= 4 (one E8M0 block), got {self.words}")
         if self.max_registers is not None and not 24 <= self.max_registers <= 255:
             raise ValueError(f"RoutedGemvConfig.max_registers must be in 24 .. 255 (or None), got {self.max_registers}")
-        if self.depth not in (1, 2):
-            raise ValueError(f"RoutedGemvConfig.depth must be 1 or 2, got {self.depth}")
 
 
 # H200, Kimi K3 rank (L = 3584, I = 3072), whole block in CUDA graphs: 2 rows per item, registers capped at 80
@@ -187,7 +183,7 @@ class RoutedGemvConfig:
 ROUTED_GEMV_CONFIG = RoutedGemvConfig(l1_rows=2, l2_rows=2, words=64, num_warps=1, pair_programs=2, max_registers=80)
 ROUTED_GEMV_ONE_TOKEN_CONFIG = ROUTED_GEMV_CONFIG  # one shape for every size since the register cap
 ONE_TOKEN_PAIRS = 16
-ROUTED_GEMV_ENV = "LMF_ROUTED_GEMV"  # "0" off, "1" on for any decode size, or L1ROWSxL2ROWSxWORDS[wW][pP][b][f][dD][rR]
+ROUTED_GEMV_ENV = "LMF_ROUTED_GEMV"  # "0" off, "1" on for any decode size, or L1ROWSxL2ROWSxWORDS[wW][pP][b][f][rR]
 ROUTED_GEMV_MAX_PAIRS = 64  # (token, slot) pairs up to which pick_config takes this path: four top-16 tokens
 MAX_PAIRS = 1024  # every program ranks all ids in registers
 
@@ -199,16 +195,16 @@ def routed_gemv_setting(num_pairs: int) -> tuple[bool | None, RoutedGemvConfig]:
     if forced in ("", "0", "1"):
         default = ROUTED_GEMV_ONE_TOKEN_CONFIG if num_pairs <= ONE_TOKEN_PAIRS else ROUTED_GEMV_CONFIG
         return (None if not forced else forced == "1"), default
-    match = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:p(\d+))?(b?)(f?)(?:d(\d+))?(?:r(\d+))?", forced)
+    match = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:p(\d+))?(b?)(f?)(?:r(\d+))?", forced)
     if match is None:
-        raise ValueError(f"{ROUTED_GEMV_ENV}={forced!r}: expected 0, 1 or L1ROWSxL2ROWSxWORDS[wWARPS][pPAIRS][b][f][dDEPTH][rREGS], "
+        raise ValueError(f"{ROUTED_GEMV_ENV}={forced!r}: expected 0, 1 or L1ROWSxL2ROWSxWORDS[wWARPS][pPAIRS][b][f][rREGS], "
                          "e.g. 4x4x64w1p2")
-    l1, l2, words, warps, pairs, bf16_scale, prefetch, depth, regs = match.groups()
+    l1, l2, words, warps, pairs, bf16_scale, prefetch, regs = match.groups()
     base = ROUTED_GEMV_CONFIG
     try:
         cfg = RoutedGemvConfig(int(l1), int(l2), int(words), int(warps or base.num_warps),
                                int(pairs or base.pair_programs), not bf16_scale, bool(prefetch),
-                               int(regs) if regs else None, int(depth or 1))
+                               int(regs) if regs else None)
     except ValueError as err:
         raise ValueError(f"{ROUTED_GEMV_ENV}={forced!r}: {err}") from None
     return True, cfg
@@ -274,7 +270,7 @@ def launch_routed_gemv(
 
         l1, l2, l1_opts, l2_opts = routed_gemv_l1_kernel, routed_gemv_l2_kernel, {}, {}
         opts = dict(WPT=cfg.words // (32 * cfg.num_warps), BLOCK_P=block_p, num_warps=cfg.num_warps,
-                    FACTOR=cfg.scale_sums, PREFETCH=cfg.prefetch, DEPTH=cfg.depth)
+                    FACTOR=cfg.scale_sums, PREFETCH=cfg.prefetch)
         z_in, act_in = z.view(torch.int32), act.view(torch.int32)  # bf16 pairs
     else:
         l1 = l2 = routed_gemv_kernel
