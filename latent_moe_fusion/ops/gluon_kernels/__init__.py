@@ -16,7 +16,6 @@ from ..device import capability
 from ..mxfp4 import BLOCK as MXFP4_BLOCK
 
 ENV_SWITCH = "LMF_MXFP4_REGS"  # read by producer_config.regs_enabled too (the picked config)
-ACT_CHUNK_ENV = "LMF_REGS_ACT_CHUNK"  # tuning: activation tiles per shared-memory barrier (default 1: one per step)
 BLOCK_ROWS = (16, 32)  # rows per expert block the kernels take (the MMA's N)
 STEP_K = 128  # k per mainloop step: one 32-block per thread
 # H200: 4 warps beat 8 for L1 (2 accumulators), 8 beat 4 for L2 (bench/results/producer_notes.md, run 6)
@@ -70,16 +69,6 @@ def split_reason(split: tuple[int, int], latent: int, inter: int) -> str | None:
     return None
 
 
-def act_chunk(steps: int) -> int:
-    """Steps per activation barrier in the kernels' K loop: LMF_REGS_ACT_CHUNK where twice it divides the
-    program's `steps` K steps (the loop takes two chunks per turn), else 1 (a barrier per step, the default)."""
-    raw = os.environ.get(ACT_CHUNK_ENV, "1")
-    if not raw.isdigit() or not 1 <= int(raw) <= 16:
-        raise ValueError(f"{ACT_CHUNK_ENV}={raw!r}: expected a step count from 1 to 16")
-    chunk = int(raw)
-    return chunk if steps % (2 * chunk) == 0 else 1
-
-
 def launch_routed_l1(
     z: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, sorted_pairs: torch.Tensor,
     block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, block_m: int, top_k: int, beta: float,
@@ -101,7 +90,7 @@ def launch_routed_l1(
     l1_regs_kernel[grid](
         z, words, w13_scale, sorted_pairs, block_expert, act, h_part, n_rows, inter, latent, latent // 8,
         latent // MXFP4_BLOCK, top_k, words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta),
-        BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L1_WARPS, SIGNAL=signal, CHUNK=act_chunk(latent // split // STEP_K),
+        BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L1_WARPS, SIGNAL=signal,
     )
     if split > 1:
         launch_l1_finish(h_part, block_expert, act, n_rows, inter, h_part, act, 0, inter, beta, lin_beta, block_m,
@@ -127,5 +116,4 @@ def launch_routed_l2(
         act, words, w2_scale, sorted_pairs, block_expert, pairs, pairs.stride(0) if split > 1 else 0, latent, inter,
         inter // 8, inter // MXFP4_BLOCK, words.stride(0), w2_scale.stride(0),
         BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L2_WARPS, PDL=dependent, launch_pdl=dependent,
-        CHUNK=act_chunk(inter // split // STEP_K),
     )

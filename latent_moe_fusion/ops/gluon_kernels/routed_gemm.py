@@ -68,8 +68,8 @@ def _step(wd, sc, wd2, sc2, act, buf, acc, acc2, DUAL: gl.constexpr, BM: gl.cons
 
 
 @gluon.jit
-def _load_weights(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, k, DUAL: gl.constexpr):
-    """One k step's weight words and scales (and the second tile's if DUAL)."""
+def _load_step(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k, DUAL: gl.constexpr):
+    """One k step's operands: weight words and scales (and the second tile's if DUAL), activation tile."""
     wd = gl.load(w_ptrs + k // 8)
     sc = gl.load(s_ptrs + k // 32)
     wd2 = wd
@@ -77,89 +77,26 @@ def _load_weights(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, k, DUAL: gl.constexpr):
     if DUAL:
         wd2 = gl.load(w2_ptrs + k // 8)
         sc2 = gl.load(s2_ptrs + k // 32)
-    return wd, sc, wd2, sc2
-
-
-@gluon.jit
-def _load_step(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k, DUAL: gl.constexpr):
-    """One k step's operands: weight words and scales (and the second tile's if DUAL), activation tile."""
-    wd, sc, wd2, sc2 = _load_weights(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, k, DUAL)
     return wd, sc, wd2, sc2, gl.load(a_ptrs + k, mask=a_mask, other=0.0)
 
 
 @gluon.jit
 def _mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, DUAL: gl.constexpr,
-              BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr, CHUNK: gl.constexpr):
-    """acc (and acc2 if DUAL) [BN, BM] in FP32 over k_begin .. k_end; the next step's loads are issued first.
-    CHUNK > 1 (K steps a multiple of 2 CHUNK): the activation tiles go to shared memory CHUNK steps ahead and one
-    barrier per CHUNK steps publishes them (the per-step barrier is the top stall of these kernels at M = 8,
-    routed_kernels_ncu.md)."""
+              BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
+    """acc (and acc2 if DUAL) [BN, BM] in FP32 over k_begin .. k_end; the next step's loads are issued first."""
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
     b_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    b_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BM, BK], b_sl)
     acc = gl.zeros([BN, BM], gl.float32, layout=mma_l)
     acc2 = gl.zeros([BN, BM], gl.float32, layout=mma_l)
-    if CHUNK == 1:
-        wd, sc, wd2, sc2, act = _load_step(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, DUAL)
-        b_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BM, BK], b_sl)
-        i = 0
-        for k0 in range(k_begin, k_end, BK):
-            k_nx = gl.multiple_of(gl.minimum(k0 + BK, k_end - BK), BK)  # the last step reloads itself
-            wd_nx, sc_nx, wd2_nx, sc2_nx, act_nx = _load_step(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_nx,
-                                                              DUAL)
-            acc, acc2 = _step(wd, sc, wd2, sc2, act, b_smem.index(i % 2), acc, acc2, DUAL, BM, BN, BK, NW)
-            wd, sc, wd2, sc2, act = wd_nx, sc_nx, wd2_nx, sc2_nx, act_nx
-            i += 1
-    else:
-        # Two buffers of CHUNK tiles, taken in turn: a chunk reads one while its steps store the next chunk's tiles
-        # into the other, which the chunk before read: every warp finished those (synchronous) wgmmas before it
-        # passed the barrier that ended that chunk. Separate allocations (not one indexed buffer) keep the
-        # compiler from adding a barrier of its own before every store.
-        buf_a = gl.allocate_shared_memory(gl.bfloat16, [CHUNK, BM, BK], b_sl)
-        buf_b = gl.allocate_shared_memory(gl.bfloat16, [CHUNK, BM, BK], b_sl)
-        wd, sc, wd2, sc2 = _load_weights(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, k_begin, DUAL)
-        for j in gl.static_range(CHUNK):
-            buf_a.index(j).store(to_kappa(gl.load(a_ptrs + k_begin + j * BK, mask=a_mask, other=0.0), BM, BK))
-        fence_async_shared()
-        gl.thread_barrier()
-        for kc in range(k_begin, k_end, 2 * CHUNK * BK):
-            wd, sc, wd2, sc2, acc, acc2 = _chunk(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, kc, k_end, wd, sc,
-                                                 wd2, sc2, buf_a, buf_b, acc, acc2, DUAL, BM, BN, BK, NW, CHUNK)
-            wd, sc, wd2, sc2, acc, acc2 = _chunk(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, kc + CHUNK * BK,
-                                                 k_end, wd, sc, wd2, sc2, buf_b, buf_a, acc, acc2, DUAL, BM, BN, BK,
-                                                 NW, CHUNK)
-    return acc, acc2
-
-
-@gluon.jit
-def _chunk(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, kc, k_end, wd, sc, wd2, sc2, cur, nxt, acc, acc2,
-           DUAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr,
-           CHUNK: gl.constexpr):
-    """CHUNK steps from kc on the tiles in `cur`, storing the following CHUNK steps' tiles into `nxt`, then the
-    barrier that publishes them. wd .. sc2: this chunk's first step's weights (loaded one step ahead)."""
-    for j in gl.static_range(CHUNK):
-        k0 = kc + j * BK
+    wd, sc, wd2, sc2, act = _load_step(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, DUAL)
+    i = 0
+    for k0 in range(k_begin, k_end, BK):
         k_nx = gl.multiple_of(gl.minimum(k0 + BK, k_end - BK), BK)  # the last step reloads itself
-        wd_nx, sc_nx, wd2_nx, sc2_nx = _load_weights(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, k_nx, DUAL)
-        act_ahead = gl.load(a_ptrs + gl.minimum(k0 + CHUNK * BK, k_end - BK), mask=a_mask, other=0.0)
-        acc, acc2 = _chunk_step(wd, sc, wd2, sc2, cur.index(j), acc, acc2, DUAL, BM, BN, BK, NW)
-        nxt.index(j).store(to_kappa(act_ahead, BM, BK))  # past the end: a tile nobody reads
-        wd, sc, wd2, sc2 = wd_nx, sc_nx, wd2_nx, sc2_nx
-    fence_async_shared()
-    gl.thread_barrier()
-    return wd, sc, wd2, sc2, acc, acc2
-
-
-@gluon.jit
-def _chunk_step(wd, sc, wd2, sc2, buf, acc, acc2, DUAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                BK: gl.constexpr, NW: gl.constexpr):
-    """One wgmma step on an activation tile already in shared memory (published by the chunk's barrier)."""
-    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
-    a_reg = gl.convert_layout(dequant_kappa(wd, sc.to(gl.int32), BN, BK), a_l, assert_trivial=True)
-    acc = warpgroup_mma(a_reg, buf.permute((1, 0)), acc)
-    if DUAL:
-        a_reg2 = gl.convert_layout(dequant_kappa(wd2, sc2.to(gl.int32), BN, BK), a_l, assert_trivial=True)
-        acc2 = warpgroup_mma(a_reg2, buf.permute((1, 0)), acc2)
+        wd_nx, sc_nx, wd2_nx, sc2_nx, act_nx = _load_step(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_nx, DUAL)
+        acc, acc2 = _step(wd, sc, wd2, sc2, act, b_smem.index(i % 2), acc, acc2, DUAL, BM, BN, BK, NW)
+        wd, sc, wd2, sc2, act = wd_nx, sc_nx, wd2_nx, sc2_nx, act_nx
+        i += 1
     return acc, acc2
 
 
@@ -179,7 +116,7 @@ def _k_slice(K, k_index, SPLIT: gl.constexpr, BK: gl.constexpr):
 @gluon.jit
 def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, h_part_ptr, n_rows, k_index, row0, n0,
              inter, K, top_k, beta, lin_beta, ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr,
-             SPLIT: gl.constexpr, CHUNK: gl.constexpr):
+             SPLIT: gl.constexpr):
     """act[row0 .. row0 + ROWS, n0 .. n0 + BN] = bf16(SiTU(gate, up)) of the rows' tokens; with SPLIT > 1
     this K slice's FP32 gate and up sums into h_part[slice, rows, n (gate) | inter + n (up)] instead."""
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, ROWS, 16])
@@ -191,8 +128,7 @@ def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, h_p
     a_ptrs = z_ptr + tok[:, None].to(gl.int64) * K + ak[None, :]
     a_mask = (pair >= 0)[:, None] & (ak >= 0)[None, :]
     k_begin, k_end = _k_slice(K, k_index, SPLIT, BK)
-    g, u = _mainloop(wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, a_ptrs, a_mask, k_begin, k_end, True, ROWS, BN, BK, NW,
-                     CHUNK)
+    g, u = _mainloop(wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, a_ptrs, a_mask, k_begin, k_end, True, ROWS, BN, BK, NW)
     on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
     om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma_l))
     if SPLIT == 1:
@@ -208,8 +144,7 @@ def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, sorted_ptr, act_ptr, h_p
 
 @gluon.jit
 def _l2_rows(act_ptr, w_ptrs, s_ptrs, sorted_ptr, pairs_ptr, slice_stride, k_index, row0, n0, latent, K,
-             ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr, SPLIT: gl.constexpr,
-             CHUNK: gl.constexpr):
+             ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr, SPLIT: gl.constexpr):
     """pairs[pair of row, n0 .. n0 + BN] = act[row] @ W2^T for the valid rows of row0 .. row0 + ROWS
     (with SPLIT > 1: this K slice's sum, at pairs + slice * slice_stride)."""
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, ROWS, 16])
@@ -219,8 +154,7 @@ def _l2_rows(act_ptr, w_ptrs, s_ptrs, sorted_ptr, pairs_ptr, slice_stride, k_ind
     a_ptrs = act_ptr + am[:, None].to(gl.int64) * K + ak[None, :]
     a_mask = (am >= 0)[:, None] & (ak >= 0)[None, :]
     k_begin, k_end = _k_slice(K, k_index, SPLIT, BK)
-    acc, acc2 = _mainloop(w_ptrs, s_ptrs, w_ptrs, s_ptrs, a_ptrs, a_mask, k_begin, k_end, False, ROWS, BN, BK, NW,
-                          CHUNK)
+    acc, acc2 = _mainloop(w_ptrs, s_ptrs, w_ptrs, s_ptrs, a_ptrs, a_mask, k_begin, k_end, False, ROWS, BN, BK, NW)
     if SPLIT > 1:
         pairs_ptr += k_index.to(gl.int64) * slice_stride
     on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
@@ -257,7 +191,6 @@ def l1_regs_kernel(
     z_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, h_part_ptr, n_rows, inter, K, row_words, row_scales,
     top_k, stride_we, stride_se, beta, lin_beta,
     BM: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr, SIGNAL: gl.constexpr = False,
-    CHUNK: gl.constexpr = 1,
 ):
     if SIGNAL:  # the dependent finish / L2 may launch now (they wait for this kernel's end)
         release_dependents()
@@ -273,11 +206,11 @@ def l1_regs_kernel(
                 n0, inter, K, top_k, beta, lin_beta)
         if BM == 32:
             if _half_block(sorted_ptr, blk * BM, BM, NW):
-                _l1_rows(*args, 16, BN, BK, NW, SPLIT, CHUNK)
+                _l1_rows(*args, 16, BN, BK, NW, SPLIT)
             else:
-                _l1_rows(*args, 32, BN, BK, NW, SPLIT, CHUNK)
+                _l1_rows(*args, 32, BN, BK, NW, SPLIT)
         else:
-            _l1_rows(*args, BM, BN, BK, NW, SPLIT, CHUNK)
+            _l1_rows(*args, BM, BN, BK, NW, SPLIT)
 
 
 @gluon.jit
@@ -285,7 +218,6 @@ def l2_regs_kernel(
     act_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, slice_stride, latent, K, row_words, row_scales,
     stride_we, stride_se,
     BM: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
-    CHUNK: gl.constexpr = 1,
 ):
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
@@ -307,8 +239,8 @@ def l2_regs_kernel(
         args = (act_ptr, w_ptrs, s_ptrs, sorted_ptr, pairs_ptr, slice_stride, k_index, blk * BM, n0, latent, K)
         if BM == 32:  # the same test as L1 on the same block: L1 wrote every row this reads
             if _half_block(sorted_ptr, blk * BM, BM, NW):
-                _l2_rows(*args, 16, BN, BK, NW, SPLIT, CHUNK)
+                _l2_rows(*args, 16, BN, BK, NW, SPLIT)
             else:
-                _l2_rows(*args, 32, BN, BK, NW, SPLIT, CHUNK)
+                _l2_rows(*args, 32, BN, BK, NW, SPLIT)
         else:
-            _l2_rows(*args, BM, BN, BK, NW, SPLIT, CHUNK)
+            _l2_rows(*args, BM, BN, BK, NW, SPLIT)
