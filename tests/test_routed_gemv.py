@@ -87,20 +87,19 @@ def test_gemv_reasons():
 def test_setting_rejects_bad_values(value, match, monkeypatch):
     monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, value)
     with pytest.raises(ValueError, match=match):
-        routed_gemv.routed_gemv_setting(16)
+        routed_gemv.routed_gemv_setting()
 
 
 def test_setting_parses_a_full_spec(monkeypatch):
     monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "8x2x32w2p4")
-    assert routed_gemv.routed_gemv_setting(16) == (True, routed_gemv.RoutedGemvConfig(8, 2, 32, 2, 4))
+    assert routed_gemv.routed_gemv_setting() == (True, routed_gemv.RoutedGemvConfig(8, 2, 32, 2, 4))
     monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "4x4x64b")
-    assert routed_gemv.routed_gemv_setting(16)[1] == routed_gemv.RoutedGemvConfig(4, 4, 64, 1, 2, scale_sums=False)
+    assert routed_gemv.routed_gemv_setting()[1] == routed_gemv.RoutedGemvConfig(4, 4, 64, 1, 2, scale_sums=False)
     monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "2x2x64w1p2fr80")
-    assert routed_gemv.routed_gemv_setting(16)[1] == routed_gemv.RoutedGemvConfig(2, 2, 64, 1, 2, prefetch=True,
+    assert routed_gemv.routed_gemv_setting()[1] == routed_gemv.RoutedGemvConfig(2, 2, 64, 1, 2, prefetch=True,
                                                                                   max_registers=80)
     monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "0")
-    assert routed_gemv.routed_gemv_setting(32) == (False, routed_gemv.ROUTED_GEMV_CONFIG)
-    assert routed_gemv.routed_gemv_setting(16) == (False, routed_gemv.ROUTED_GEMV_ONE_TOKEN_CONFIG)
+    assert routed_gemv.routed_gemv_setting() == (False, routed_gemv.ROUTED_GEMV_CONFIG)
 
 
 @pytest.fixture

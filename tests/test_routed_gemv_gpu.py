@@ -29,7 +29,7 @@ SPECS = ["2x2x64w1p2r80", "8x4x64w1p1", "2x8x32w1p4", "4x2x64w2p2bf"]  # the def
 def _gemv(p, kernel: str, spec: str, monkeypatch) -> torch.Tensor:
     """y (combine without norm) from launch_routed_gemv with the given kernel; act / pairs poisoned."""
     monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, spec)
-    cfg = routed_gemv.routed_gemv_setting(p.topk_ids.numel())[1]
+    cfg = routed_gemv.routed_gemv_setting()[1]
     m, top_k = p.topk_ids.shape
     act = torch.full((m * top_k, p.w2.shape[-1] * 2), float("nan"), dtype=torch.bfloat16, device="cuda")
     pairs = torch.full((m * top_k, p.z.shape[1]), float("nan"), dtype=torch.float32, device="cuda")

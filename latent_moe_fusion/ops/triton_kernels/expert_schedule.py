@@ -221,7 +221,7 @@ def run_experts(
     # picked config falls back to the kernels below where the GEMV cannot take the call; a given one says why.
     gemv = cfg.routed_gemv and num_pairs > 0
     if gemv:
-        gemv_cfg = routed_gemv_setting(num_pairs)[1]
+        gemv_cfg = routed_gemv_setting()[1]
         why = routed_gemv_reason(z, w13, w2, w13_scale, w2_scale, weight_format, num_pairs, gemv_cfg)
         if why is not None and config is not None:
             raise ValueError(f"config.routed_gemv: the GEMV kernels cannot take this call ({why}); "

@@ -234,7 +234,7 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
 
 def routed_gemv_picked(num_pairs: int) -> bool:
     """The routed GEMV kernels for up to ROUTED_GEMV_MAX_PAIRS pairs (LMF_ROUTED_GEMV=0 / 1 forces)."""
-    forced, _ = routed_gemv_setting(num_pairs)
+    forced, _ = routed_gemv_setting()
     return forced if forced is not None else num_pairs <= ROUTED_GEMV_MAX_PAIRS
 
 

@@ -181,20 +181,17 @@ class RoutedGemvConfig:
 # bench/results/decode_tuning_routed_gemv_regcap.md, decode_tuning_routed_gemv_regcap_run2.md). Before:
 # decode_tuning_routed_gemv_m1.md, _m124.md; the routed op alone: routed_gemv.md, routed_gemv_regcap.md.
 ROUTED_GEMV_CONFIG = RoutedGemvConfig(l1_rows=2, l2_rows=2, words=64, num_warps=1, pair_programs=2, max_registers=80)
-ROUTED_GEMV_ONE_TOKEN_CONFIG = ROUTED_GEMV_CONFIG  # one shape for every size since the register cap
-ONE_TOKEN_PAIRS = 16
 ROUTED_GEMV_ENV = "LMF_ROUTED_GEMV"  # "0" off, "1" on for any decode size, or L1ROWSxL2ROWSxWORDS[wW][pP][b][f][rR]
 ROUTED_GEMV_MAX_PAIRS = 64  # (token, slot) pairs up to which pick_config takes this path: four top-16 tokens
 MAX_PAIRS = 1024  # every program ranks all ids in registers
 
 
-def routed_gemv_setting(num_pairs: int) -> tuple[bool | None, RoutedGemvConfig]:
-    """(forced on / off / None: by size, the configuration for num_pairs (token, slot) pairs) from
-    LMF_ROUTED_GEMV; bad values raise."""
+def routed_gemv_setting() -> tuple[bool | None, RoutedGemvConfig]:
+    """(forced on / off / None: by size, the configuration) from LMF_ROUTED_GEMV; bad values raise. One
+    configuration serves every size (ROUTED_GEMV_CONFIG) unless a spec gives another."""
     forced = os.environ.get(ROUTED_GEMV_ENV, "")
     if forced in ("", "0", "1"):
-        default = ROUTED_GEMV_ONE_TOKEN_CONFIG if num_pairs <= ONE_TOKEN_PAIRS else ROUTED_GEMV_CONFIG
-        return (None if not forced else forced == "1"), default
+        return (None if not forced else forced == "1"), ROUTED_GEMV_CONFIG
     match = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:p(\d+))?(b?)(f?)(?:r(\d+))?", forced)
     if match is None:
         raise ValueError(f"{ROUTED_GEMV_ENV}={forced!r}: expected 0, 1 or L1ROWSxL2ROWSxWORDS[wWARPS][pPAIRS][b][f][rREGS], "
