@@ -32,6 +32,7 @@ BENCHMARKS = (
     ("op_host_time.py", (), None),  # host time per op call, layer by layer
     ("router_gemm.py", (), None),  # the router GEMM at decode against its byte floor
     ("route.py", (), None),  # the router chain after its GEMM: unfused vs lmf::noaux_tc_route
+    ("router_overlap.py", (), None),  # router GEMM + route beside the down-projection (lmf::route_and_project)
     ("decode_tuning.py", (), None),  # decode knobs (PDL sites, prefetch, shared-expert programs, ...) on the block
     ("graph_timeline.py", (), None),  # kernels of one replayed decode forward: start, duration, idle before
     ("shared_overlap_bound.py", (), None),  # what starting the shared expert before the router could save

@@ -146,15 +146,21 @@ ROUTER_CHAIN_OPS = {
     "aten.where.self",
 }
 ROUTE = "lmf.noaux_tc_route.default"
+ROUTE_AND_PROJECT = "lmf.route_and_project.default"  # a router with its GEMM, beside the down-projection
+GEMM_OPS = {"aten.mm.default", "aten.mm.dtype", "aten.permute.default"}
 
 
 def unchanged(report) -> bool:
-    """No block rewritten: the graph is as before but for the router chains the router fusion replaced."""
+    """No block rewritten: the graph is as before but for the router chains the router fusion replaced
+    (with their gate GEMM and the down-projection, where they went beside it: router_overlap.py)."""
     if not report.routings:
         return report.matched == 0 and report.nodes_before == report.nodes_after and report.ops_before == report.ops_after
-    added = report.ops_added()
-    return (report.matched == 0 and set(added) <= {ROUTE, "getitem"} and added[ROUTE] == len(report.routings)
-            and set(report.ops_removed()) <= ROUTER_CHAIN_OPS)
+    added, removed = report.ops_added(), report.ops_removed()
+    beside = sum(1 for r in report.routings if r.beside)
+    return (report.matched == 0 and set(added) <= {ROUTE, ROUTE_AND_PROJECT, "getitem"}
+            and added[ROUTE] == len(report.routings) - beside and added[ROUTE_AND_PROJECT] == beside
+            and set(removed) <= ROUTER_CHAIN_OPS | GEMM_OPS
+            and removed["aten.mm.default"] + removed["aten.mm.dtype"] == 2 * beside)
 
 
 # -- blocks the pass must leave alone ------------------------------------------------------------

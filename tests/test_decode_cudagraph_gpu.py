@@ -45,6 +45,7 @@ def test_manual_cuda_graph_replays_match_eager(block, m):
         for _ in range(3):  # compile, autotune and warm up outside capture
             fn(static_x)
     assert fpass.report.matched == 1, fpass.report
+    assert [r.beside is not None for r in fpass.report.routings] == [True], fpass.report.summary()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -78,6 +79,7 @@ def test_reduce_overhead_mode_replays_match_eager(block, m):
             torch.compiler.cudagraph_mark_step_begin()
             fn(x)
     assert fpass.report.matched == 1, fpass.report
+    assert [r.beside is not None for r in fpass.report.routings] == [True], fpass.report.summary()
     torch.cuda.synchronize()
     mem_before = None
     worst = 0.0

@@ -23,6 +23,9 @@ class FusionConfig:
     reference_backend_devices: tuple[str, ...] = ("cpu",)
     # Rewrite the router's sigmoid / top-k / renormalisation chain into lmf::noaux_tc_route (routing.py).
     fuse_routing: bool = True
+    # Put a fused router's gate GEMM and route beside the latent down-projection of the same tokens, in one
+    # lmf::route_and_project (router_overlap.py): on CUDA the two run side by side instead of in a row.
+    overlap_router: bool = True
     # A walk from routed_experts that needs more nodes than this is not a block of this shape.
     max_walk_nodes: int = 64
 
@@ -43,6 +46,7 @@ class FusionConfig:
     def pattern_set(self) -> list[str]:
         """Names of the pattern families this configuration registers (groups are added per graph)."""
         routing = ["router/noaux_tc"] if self.fuse_routing else []
+        routing += ["router/beside_down_projection"] if self.fuse_routing and self.overlap_router else []
         return routing + [
             f"{form}/{gate_up}/{norm}/{dtype}/{fmt}"
             for form in self.forms

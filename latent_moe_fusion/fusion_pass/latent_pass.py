@@ -28,6 +28,7 @@ from .checks import check_candidate
 from .config import FusionConfig
 from .matcher import approved, matcher_for
 from .report import FusionReport, MatchedBlock, MatchedRouting, op_counts
+from .router_overlap import check_overlap, find_overlap, rewrite_overlap
 from .routing import check_routing, find_routings, rewrite_routing
 
 log = logging.getLogger("latent_moe_fusion")
@@ -103,21 +104,39 @@ class LatentMoEFusionPass(CustomGraphPass):
         for match in find_routings(graph):
             if match.reason is None and not self.enabled:
                 match.reason = f"{DISABLE_ENV}=1 on at least one rank: fusion is switched off"
+            route = None
             if match.reason is None:
                 try:
                     match.backend = check_routing(match, self.config, self.capabilities)
-                    rewrite_routing(graph, match)
+                    route = rewrite_routing(graph, match)
                 except Reject as exc:
                     match.reason = str(exc)
                 except Exception as exc:  # fail closed: the rewrite runs only after every check passed
                     match.reason = f"could not fuse the router ({type(exc).__name__}: {exc})"
             if match.reason is None:
-                report.routings.append(MatchedRouting(match.where, match.top_k, match.localized, match.backend))
-                log.info("latent_moe_fusion: fused the router %s (%s)", match.where, match.backend)
+                beside, beside_reason = self._overlap_router(graph, route) if self.config.overlap_router else (None, None)
+                report.routings.append(MatchedRouting(match.where, match.top_k, match.localized, match.backend,
+                                                      beside, beside_reason))
+                log.info("latent_moe_fusion: fused the router %s (%s)%s", match.where, match.backend,
+                         f", beside the down-projection ({beside})" if beside else f"; alone: {beside_reason}")
             else:
                 report.routing_rejected.append((match.where, match.reason))
                 # INFO, not WARNING: every aten.topk is examined, and most in a model are no router
                 log.info("latent_moe_fusion: left the router %s unfused: %s", match.where, match.reason)
+
+    def _overlap_router(self, graph: fx.Graph, route: fx.Node) -> tuple[str | None, str | None]:
+        """(what went into lmf::route_and_project, None) or (None, why the router stays alone)."""
+        match = find_overlap(graph, route)
+        if match.reason is not None:
+            return None, match.reason
+        try:
+            backend = check_overlap(match, self.config, self.capabilities)
+            rewrite_overlap(graph, match)
+        except Reject as exc:
+            return None, str(exc)
+        except Exception as exc:  # fail closed: the rewrite runs only after every check passed
+            return None, f"could not put the router beside the down-projection ({type(exc).__name__}: {exc})"
+        return f"{match.where} [{backend}]", None
 
     def _rewrite(self, graph: fx.Graph, accepted: dict[fx.Node, Candidate]) -> None:
         """Apply only the specs the candidates need: their form, dtype, weights, group and gate/up form,

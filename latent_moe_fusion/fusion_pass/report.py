@@ -23,6 +23,10 @@ class MatchedRouting:
     top_k: int
     localized: bool  # the EP share (ids - first, -1 outside) folded into the op
     backend: str
+    # "mm + mm_1 [side_stream]": the gate GEMM and the down-projection that went into lmf::route_and_project
+    # with the route (router_overlap.py), or None and the reason in beside_reason
+    beside: str | None = None
+    beside_reason: str | None = None
 
 
 @dataclass
@@ -51,7 +55,10 @@ class FusionReport:
         lines += [f"  fused    {b.where}: {b.form} (mode {b.mode}, group {b.group_name}) [{b.variant}]" for b in self.blocks]
         lines += [f"  rejected {where}: {reason}" for where, reason in self.rejected]
         lines += [f"  router   {r.where}: lmf::noaux_tc_route top_k={r.top_k}"
-                  f"{' with the EP share' if r.localized else ''} [{r.backend}]" for r in self.routings]
+                  f"{' with the EP share' if r.localized else ''} [{r.backend}]"
+                  + (f"; with its GEMM beside the down-projection in lmf::route_and_project: {r.beside}" if r.beside
+                     else f"; not beside the down-projection: {r.beside_reason}" if r.beside_reason else "")
+                  for r in self.routings]
         lines += [f"  router left alone {where}: {reason}" for where, reason in self.routing_rejected]
         if self.matched or self.routings:
             removed = ", ".join(f"{name} x{n}" for name, n in sorted(self.ops_removed().items()))

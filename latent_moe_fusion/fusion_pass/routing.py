@@ -209,8 +209,8 @@ def check_routing(m: RoutingMatch, config: FusionConfig, caps: Capabilities) -> 
         return serving_backend("noaux_tc_route", logits.device.type, args, config, caps)
 
 
-def rewrite_routing(graph: fx.Graph, m: RoutingMatch) -> None:
-    """Replace the checked chain (check_routing first) by the op."""
+def rewrite_routing(graph: fx.Graph, m: RoutingMatch) -> fx.Node:
+    """Replace the checked chain (check_routing first) by the op; returns the op's node."""
     args = (m.logits, m.bias, m.top_k, m.renorm_eps, m.scaling_factor, m.first_expert, m.num_local)
     ids_val, weights_val = m.fake_outputs
     with graph.inserting_before(m.topk):
@@ -224,3 +224,4 @@ def rewrite_routing(graph: fx.Graph, m: RoutingMatch) -> None:
     for node in reversed(m.chain):
         if not node.users:
             graph.erase_node(node)
+    return route

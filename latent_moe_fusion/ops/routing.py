@@ -77,6 +77,22 @@ def route_reference(
     return localize(chosen.to(torch.int32), first_expert, num_local), weights
 
 
+def validate_route_scalars(
+    op: str, num_experts: int, top_k: int, renorm_eps: float, scaling_factor: float, first_expert: int,
+    num_local: int,
+) -> None:
+    if not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+        _fail(op, f"top_k must be an int in [1, E = {num_experts}], got {top_k!r}")
+    if not (isinstance(renorm_eps, (int, float)) and math.isfinite(renorm_eps) and renorm_eps >= 0):
+        _fail(op, f"renorm_eps must be a finite number >= 0, got {renorm_eps!r}")
+    if not (isinstance(scaling_factor, (int, float)) and math.isfinite(scaling_factor)):
+        _fail(op, f"scaling_factor must be a finite number, got {scaling_factor!r}")
+    if not isinstance(first_expert, int) or not 0 <= first_expert < num_experts:
+        _fail(op, f"first_expert must be an int in [0, E = {num_experts}), got {first_expert!r}")
+    if not isinstance(num_local, int) or not 1 <= num_local <= num_experts - first_expert:
+        _fail(op, f"num_local must be an int in [1, E - first_expert = {num_experts - first_expert}], got {num_local!r}")
+
+
 def validate_route(
     logits: torch.Tensor, correction_bias: torch.Tensor, top_k: int, renorm_eps: float, scaling_factor: float,
     first_expert: int, num_local: int,
@@ -87,16 +103,7 @@ def validate_route(
     check_tensor(OP, "correction_bias", correction_bias, ndim=1, dtypes=(torch.float32,), device=logits.device)
     if correction_bias.shape[0] != num_experts:
         _fail(OP, f"correction_bias has {correction_bias.shape[0]} entries but logits has E = {num_experts} columns")
-    if not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
-        _fail(OP, f"top_k must be an int in [1, E = {num_experts}], got {top_k!r}")
-    if not (isinstance(renorm_eps, (int, float)) and math.isfinite(renorm_eps) and renorm_eps >= 0):
-        _fail(OP, f"renorm_eps must be a finite number >= 0, got {renorm_eps!r}")
-    if not (isinstance(scaling_factor, (int, float)) and math.isfinite(scaling_factor)):
-        _fail(OP, f"scaling_factor must be a finite number, got {scaling_factor!r}")
-    if not isinstance(first_expert, int) or not 0 <= first_expert < num_experts:
-        _fail(OP, f"first_expert must be an int in [0, E = {num_experts}), got {first_expert!r}")
-    if not isinstance(num_local, int) or not 1 <= num_local <= num_experts - first_expert:
-        _fail(OP, f"num_local must be an int in [1, E - first_expert = {num_experts - first_expert}], got {num_local!r}")
+    validate_route_scalars(OP, num_experts, top_k, renorm_eps, scaling_factor, first_expert, num_local)
     return logits.shape[0], num_experts
 
 

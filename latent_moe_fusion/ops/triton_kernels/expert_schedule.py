@@ -30,6 +30,7 @@ import triton
 
 from ..gluon_kernels import launch_routed_l1, launch_routed_l2, regs_path_reason, split_reason
 from ..pdl import use_pdl
+from ..streams import side_stream
 from .combine import launch_combine
 from .expert_gemm import l1_kernel, l2_kernel
 from .moe_align import group_by_expert, max_blocks
@@ -170,16 +171,9 @@ def grid_shared_strategy(m_s: int) -> str:
     return "cublas" if m_s > GRID_SHARED_MAX_TOKENS else "grid"
 
 
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """One side stream per device for the shared expert's launches (fork / join with the caller's
-    stream, so CUDA-graph capture follows it). A high-priority stream measured the same (run 6)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
-    return _SIDE_STREAMS[index]
+    """The shared expert's side stream. A high-priority stream measured the same (run 6)."""
+    return side_stream(device, "shared_expert")
 
 
 def run_experts(

@@ -1,0 +1,172 @@
+"""The router beside the down-projection: a fused router (lmf::noaux_tc_route, routing.py) whose logits
+come from a gate GEMM of the tokens x, and the latent down-projection z = x @ W_down^T of the same x that
+feeds the routed experts with those weights, become one lmf::route_and_project (ops/route_and_project.py).
+
+    logits = mm.dtype(x, permute(W_gate), float32)                        router_gemm "bf16"
+           | mm([convert(] x [, float32)], permute([convert(] W_gate [, float32)]))   "fp32"
+    ids, w = noaux_tc_route(logits, bias, ...)
+    z      = mm(x, permute(W_down))
+    ...    = routed_experts | moe_shared_producer (z, ids', w, ...)
+
+The op computes each output with the same calls, so no bit changes; on CUDA it runs the down-projection
+on a side stream beside the router chain, which the single-stream compiled graph serialises. Like the
+other finders it gives a reason when it leaves a router alone.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from .candidates import Reject
+from .capabilities import Capabilities
+from .checks import serving_backend
+from .config import FusionConfig
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+ROUTE = torch.ops.lmf.noaux_tc_route.default
+ROUTE_AND_PROJECT = torch.ops.lmf.route_and_project.default
+ROUTED_CONSUMERS = (torch.ops.lmf.routed_experts.default, torch.ops.lmf.moe_shared_producer.default)
+
+
+@dataclass
+class OverlapMatch:
+    route: fx.Node
+    reason: str | None = None
+    x: fx.Node | None = None
+    gate_weight: fx.Node | None = None
+    w_down: fx.Node | None = None
+    router_gemm: str = ""
+    logits: fx.Node | None = None
+    down: fx.Node | None = None  # the down-projection's mm
+    outputs: tuple[fx.Node | None, fx.Node | None] = (None, None)  # the route's ids / weights getitems
+    removable: list[fx.Node] = field(default_factory=list)  # erased when they lose their users
+    fake_outputs: tuple | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.logits.name if self.logits else '?'} + {self.down.name if self.down else '?'}"
+
+
+def _is(node, target) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target is target
+
+
+def _val(node) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _transposed_weight(node) -> fx.Node:
+    if not (_is(node, aten.permute.default) and list(node.args[1]) == [1, 0]):
+        raise Reject(f"{getattr(node, 'name', node)} is not a transposed [N, K] weight")
+    return node.args[0]
+
+
+def _widened(node: fx.Node) -> fx.Node:
+    """The tensor before an FP32 conversion (or the node itself when it is FP32 already)."""
+    if _is(node, prims.convert_element_type.default) and node.args[1] == torch.float32:
+        return node.args[0]
+    return node
+
+
+def _router_gemm(m: OverlapMatch) -> None:
+    logits = m.logits
+    out_dtype = logits.args[2] if len(logits.args) > 2 else logits.kwargs.get("out_dtype")
+    if _is(logits, aten.mm.dtype) and out_dtype == torch.float32:
+        m.router_gemm, m.x, m.gate_weight = "bf16", logits.args[0], _transposed_weight(logits.args[1])
+        m.removable = [logits.args[1]]
+    elif _is(logits, aten.mm.default):
+        widened_gate = _transposed_weight(logits.args[1])
+        m.router_gemm, m.x, m.gate_weight = "fp32", _widened(logits.args[0]), _widened(widened_gate)
+        m.removable = [logits.args[1], widened_gate, logits.args[0]]
+    else:
+        raise Reject(f"the router logits {logits.name} are not a gate GEMM (mm or mm with an FP32 output)")
+    x = _val(m.x)
+    if x is None or x.dim() != 2:
+        raise Reject(f"the router's tokens {m.x.name} are not a 2-D tensor")
+
+
+def _down_projection(m: OverlapMatch, weights: fx.Node) -> None:
+    consumers = [u for u in weights.users if any(_is(u, t) for t in ROUTED_CONSUMERS) and u.args[2] is weights]
+    if len(consumers) != 1:
+        raise Reject(f"the router's weights feed {len(consumers)} routed-expert ops (lmf::routed_experts or "
+                     "lmf::moe_shared_producer), not one: no down-projection to run beside it")
+    z = consumers[0].args[0]
+    if not _is(z, aten.mm.default) or z.args[0] is not m.x:
+        raise Reject(f"the routed experts' input {getattr(z, 'name', z)} is not x @ W_down^T of the router's "
+                     f"tokens {m.x.name}")
+    m.down, m.w_down = z, _transposed_weight(z.args[1])
+    m.removable.append(z.args[1])
+
+
+def find_overlap(graph: fx.Graph, route: fx.Node) -> OverlapMatch:
+    """The match for one fused router, with the reason filled in when it cannot go beside a down-projection."""
+    m = OverlapMatch(route=route)
+    try:
+        getitems = list(route.users)
+        if not all(_is(u, operator.getitem) for u in getitems):
+            raise Reject(f"{route.name} is used other than through its two outputs")
+        by_index = {u.args[1]: u for u in getitems}
+        m.outputs = (by_index.get(0), by_index.get(1))
+        if m.outputs[1] is None:
+            raise Reject("the router's weights are unused")
+        m.logits = route.args[0]
+        extra = [u.name for u in m.logits.users if u is not route]
+        if extra:
+            raise Reject(f"the router logits {m.logits.name} are also used by {', '.join(extra)}")
+        _router_gemm(m)
+        _down_projection(m, m.outputs[1])
+        order = {node: i for i, node in enumerate(graph.nodes)}
+        first = min(order[m.logits], order[m.down])
+        late = [n.name for n in (m.x, m.gate_weight, route.args[1], m.w_down) if order[n] > first]
+        if late:
+            raise Reject(f"{', '.join(late)} computed after the first GEMM; the op could not go in its place")
+    except Reject as exc:
+        m.reason = str(exc)
+    except Exception as exc:  # an unexpected graph never breaks the compile
+        m.reason = f"could not analyse the router's GEMM ({type(exc).__name__}: {exc})"
+    return m
+
+
+def _args(m: OverlapMatch) -> tuple:
+    return (m.x, m.gate_weight, m.route.args[1], m.w_down, m.router_gemm, *m.route.args[2:7])
+
+
+def check_overlap(m: OverlapMatch, config: FusionConfig, caps: Capabilities) -> str:
+    """The backend that will serve the op; raises Reject when none can."""
+    vals = [_val(a) if isinstance(a, fx.Node) else a for a in _args(m)]
+    fake_mode = getattr(vals[0], "fake_mode", None)
+    if fake_mode is None or any(v is None for v in vals[:4]):
+        raise Reject("the graph has no fake tensors to check lmf::route_and_project with")
+    with fake_mode:
+        try:
+            m.fake_outputs = ROUTE_AND_PROJECT(*vals)
+        except Exception as exc:
+            raise Reject(f"lmf::route_and_project refuses the matched arguments ({type(exc).__name__}: {exc})") from exc
+    z_val = _val(m.down)
+    if z_val is None or z_val.dtype != m.fake_outputs[2].dtype or z_val.shape != m.fake_outputs[2].shape:
+        raise Reject(f"the down-projection {m.down.name} is not [M, L] in x's dtype")
+    return serving_backend("route_and_project", vals[0].device.type, tuple(vals), config, caps)
+
+
+def rewrite_overlap(graph: fx.Graph, m: OverlapMatch) -> None:
+    """Replace the router GEMM, the route and the down-projection by the op (check_overlap first)."""
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    first = m.logits if order[m.logits] < order[m.down] else m.down
+    with graph.inserting_before(first):
+        op = graph.call_function(ROUTE_AND_PROJECT, _args(m))
+        outs = [graph.call_function(operator.getitem, (op, i)) for i in range(3)]
+    op.meta["val"] = m.fake_outputs
+    for node, val in zip(outs, m.fake_outputs, strict=True):
+        node.meta["val"] = val
+    for old, new in zip((*m.outputs, m.down), outs, strict=True):
+        if old is not None:
+            old.replace_all_uses_with(new)
+    for node in (*m.outputs, m.route, m.logits, m.down, *m.removable):
+        if node is not None and node.op == "call_function" and not node.users:
+            graph.erase_node(node)

@@ -1,0 +1,129 @@
+"""lmf::route_and_project: the router (gate GEMM + lmf::noaux_tc_route) and the latent down-projection
+of the same tokens as one op, so that on CUDA they run side by side (beyond DESIGN.md section 2).
+
+    logits       = x @ gate_weight^T in FP32      router_gemm "fp32": the FP32 GEMM of the widened
+                                                  operands; "bf16": the BF16 GEMM with an FP32 output
+                                                  (torch.mm(out_dtype=float32); CPU has none: FP32 GEMM)
+    ids, weights = lmf::noaux_tc_route(logits, correction_bias, top_k, renorm_eps, scaling_factor,
+                                       first_expert, num_local)
+    z            = x @ w_down^T                   in x's dtype
+
+Each output is computed by the same calls as the unfused graph makes (the same cuBLAS GEMMs, the same
+route kernel), so the rewrite changes no bit. What changes is the order on the GPU: the unfused graph
+runs router GEMM -> route -> down-projection on one stream, although the down-projection does not need
+the router. Here the router chain goes first on the caller's stream and the down-projection on a side
+stream forked before it; the caller's stream joins before the op returns. At decode the three kernels
+are far from their HBM floors (few tokens: split-K GEMMs and a one-program-per-row selection), so they
+share the bandwidth well (H200, Kimi K3 rank, CUDA graph: bench/results/router_overlap.md).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .backends import Backend, register_backend, select_backend
+from .library import _define
+from .reference import ANY_DEVICE
+from .routing import route_reference, validate_route_scalars
+from .streams import side_stream
+from .validation import _fail, check_tensor
+
+OP = "route_and_project"
+ROUTER_GEMMS = ("fp32", "bf16")
+OVERLAP_ENV = "LMF_ROUTER_OVERLAP"  # "1" always side by side, "0" never (A/B switch); unset: by token count
+# Side by side up to this many tokens. H200, Kimi K3 rank, CUDA graph, us per layer (serial / side by
+# side): M = 1 30.5 / 23.1, M = 32 33.9 / 25.7, M = 128 35.1 / 37.0 (bench/results/router_overlap.md).
+OVERLAP_MAX_TOKENS = 64
+
+
+def router_logits_of(x: torch.Tensor, gate_weight: torch.Tensor, router_gemm: str) -> torch.Tensor:
+    """The FP32 logits exactly as the unfused graph computes them (model/router.router_logits)."""
+    if router_gemm == "bf16" and x.is_cuda:
+        return torch.mm(x, gate_weight.t(), out_dtype=torch.float32)
+    return torch.mm(x.float(), gate_weight.float().t())
+
+
+def validate_route_and_project(
+    x: torch.Tensor, gate_weight: torch.Tensor, correction_bias: torch.Tensor, w_down: torch.Tensor,
+    router_gemm: str, top_k: int, renorm_eps: float, scaling_factor: float, first_expert: int, num_local: int,
+) -> tuple[int, int, int]:
+    """Returns (M, E, L)."""
+    check_tensor(OP, "x", x, ndim=2, dtypes=(torch.bfloat16, torch.float32), device=getattr(x, "device", None))
+    if router_gemm not in ROUTER_GEMMS:
+        _fail(OP, f"router_gemm must be one of {ROUTER_GEMMS}, got {router_gemm!r}")
+    if router_gemm == "bf16" and x.dtype != torch.bfloat16:
+        _fail(OP, f"router_gemm 'bf16' multiplies BF16 operands, but x is {str(x.dtype).replace('torch.', '')}; "
+                  "use router_gemm 'fp32'")
+    gate_dtypes = (torch.bfloat16,) if router_gemm == "bf16" else (torch.bfloat16, torch.float32)
+    check_tensor(OP, "gate_weight", gate_weight, ndim=2, dtypes=gate_dtypes, device=x.device)
+    check_tensor(OP, "w_down", w_down, ndim=2, dtypes=(x.dtype,), device=x.device)
+    hidden = x.shape[1]
+    if gate_weight.shape[1] != hidden:
+        _fail(OP, f"gate_weight has shape {tuple(gate_weight.shape)}: expected [E, H = {hidden}] (x is [M, H])")
+    if w_down.shape[1] != hidden:
+        _fail(OP, f"w_down has shape {tuple(w_down.shape)}: expected [L, H = {hidden}] (x is [M, H])")
+    num_experts = gate_weight.shape[0]
+    check_tensor(OP, "correction_bias", correction_bias, ndim=1, dtypes=(torch.float32,), device=x.device)
+    if correction_bias.shape[0] != num_experts:
+        _fail(OP, f"correction_bias has {correction_bias.shape[0]} entries but gate_weight has E = {num_experts} rows")
+    validate_route_scalars(OP, num_experts, top_k, renorm_eps, scaling_factor, first_expert, num_local)
+    return x.shape[0], num_experts, w_down.shape[0]
+
+
+def route_and_project_reference(x, gate_weight, correction_bias, w_down, router_gemm, top_k, renorm_eps,
+                                scaling_factor, first_expert, num_local):
+    """Pure PyTorch, any device, one stream: the op's definition."""
+    logits = router_logits_of(x, gate_weight, router_gemm)
+    ids, weights = route_reference(logits, correction_bias, top_k, renorm_eps, scaling_factor, first_expert, num_local)
+    return ids, weights, torch.mm(x, w_down.t())
+
+
+def overlap_wanted(num_tokens: int) -> bool:
+    forced = os.environ.get(OVERLAP_ENV, "")
+    if forced not in ("", "0", "1"):
+        raise ValueError(f"{OVERLAP_ENV}={forced!r}: expected 1 (side by side), 0 (one stream) or unset")
+    return forced == "1" if forced else num_tokens <= OVERLAP_MAX_TOKENS
+
+
+def route_and_project_cuda(x, gate_weight, correction_bias, w_down, router_gemm, top_k, renorm_eps,
+                           scaling_factor, first_expert, num_local):
+    """The router chain on the caller's stream, the down-projection beside it on a side stream."""
+    route_args = (correction_bias, top_k, renorm_eps, scaling_factor, first_expert, num_local)
+    if not overlap_wanted(x.shape[0]):
+        ids, weights = torch.ops.lmf.noaux_tc_route(router_logits_of(x, gate_weight, router_gemm), *route_args)
+        return ids, weights, torch.mm(x, w_down.t())
+    main = torch.cuda.current_stream(x.device)
+    side = side_stream(x.device, "down_projection")
+    # z is allocated on the caller's stream and the side stream joins before the return: no tensor used
+    # across the streams outlives the join, so the allocator needs no record_stream.
+    z = torch.empty(x.shape[0], w_down.shape[0], dtype=x.dtype, device=x.device)
+    side.wait_stream(main)  # the fork precedes the router's launches: the down-projection waits on nothing of them
+    ids, weights = torch.ops.lmf.noaux_tc_route(router_logits_of(x, gate_weight, router_gemm), *route_args)
+    with torch.cuda.stream(side):
+        torch.mm(x, w_down.t(), out=z)
+    main.wait_stream(side)
+    return ids, weights, z
+
+
+def _route_and_project(*args):
+    validate_route_and_project(*args)
+    return select_backend(OP, args[0].device.type, *args).fn(*args)
+
+
+def _route_and_project_fake(*args):
+    m, _, latent = validate_route_and_project(*args)
+    x, top_k = args[0], args[5]
+    return (x.new_empty((m, top_k), dtype=torch.int32), x.new_empty((m, top_k), dtype=torch.float32),
+            x.new_empty((m, latent)))
+
+
+route_and_project = _define(
+    "route_and_project(Tensor x, Tensor gate_weight, Tensor correction_bias, Tensor w_down, str router_gemm, "
+    "int top_k, float renorm_eps, float scaling_factor, int first_expert, int num_local) -> (Tensor, Tensor, Tensor)",
+    _route_and_project, _route_and_project_fake,
+)
+
+register_backend(Backend(OP, "side_stream", 10, ("cuda",), route_and_project_cuda))
+register_backend(Backend(OP, "reference", 100, ANY_DEVICE, route_and_project_reference))

@@ -1,0 +1,121 @@
+"""The router beside the down-projection (fusion_pass/router_overlap.py): which fused routers go into
+lmf::route_and_project with their gate GEMM and the latent down-projection, which stay alone and why,
+and that the rewrite changes no bit of the block's output."""
+
+import torch
+import torch.nn.functional as F
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+import latent_moe_fusion as lmf
+from latent_moe_fusion.fusion_pass import ChainedGraphPass, FusionConfig
+from latent_moe_fusion.model.router import route_from_logits
+from tests.fusion_models import CFG, Stop, block, compiled, post_grad, rel_l2
+from tests.test_pass_routing import Router
+
+ROUTE_AND_PROJECT = "lmf.route_and_project.default"
+BF16 = torch.bfloat16
+
+
+def _x(m: int, dtype=BF16) -> torch.Tensor:
+    return torch.randn(m, CFG.hidden_size, dtype=dtype)
+
+
+class Capture(CustomGraphPass):
+    """Keeps the (target, args) of the lmf::route_and_project nodes the pass before it left."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __call__(self, graph) -> None:
+        self.calls = [n.args for n in graph.nodes if n.op == "call_function" and str(n.target) == ROUTE_AND_PROJECT]
+
+    def uuid(self) -> None:
+        return None
+
+
+def _fused_graph(model, x, config=None):
+    fpass, capture = lmf.LatentMoEFusionPass(config), Capture()
+    post_grad(model, (x,), ChainedGraphPass(fpass, capture, Stop()))
+    return fpass.report, capture.calls
+
+
+def test_block_router_goes_beside_the_down_projection_without_changing_a_bit(rng_seed):
+    model = block(seed=rng_seed % 1000, dtype=BF16, ep_size=2, ep_rank=1, weight_format="mxfp4")
+    x = _x(5)
+    beside, alone = lmf.LatentMoEFusionPass(), lmf.LatentMoEFusionPass(FusionConfig(overlap_router=False))
+    out = compiled(model, beside)(x)
+    out_alone = compiled(model, alone)(x)
+    report = beside.report
+    assert report.matched == 1 and len(report.routings) == 1, report.summary()
+    assert report.routings[0].beside is not None and report.routings[0].beside_reason is None
+    assert "lmf::route_and_project" in report.summary()
+    assert report.ops_after[ROUTE_AND_PROJECT] == 1 and report.ops_after["lmf.noaux_tc_route.default"] == 0
+    assert alone.report.ops_after["aten.mm.default"] - report.ops_after["aten.mm.default"] == 2
+    assert alone.report.routings[0].beside is None and alone.report.routings[0].beside_reason is None
+    assert torch.equal(out, out_alone)  # the same calls, in another place
+    assert rel_l2(out, model(x)) < 1e-2
+
+
+def test_fp32_block_and_its_router_form(rng_seed):
+    model = block(seed=rng_seed % 1000, dtype=torch.float32)
+    report, calls = _fused_graph(model, _x(3, torch.float32))
+    assert report.routings[0].beside is not None, report.summary()
+    assert len(calls) == 1 and calls[0][4] == "fp32"  # router_gemm
+
+
+class OutDtypeRouterBlock(lmf.KimiK3MoEBlock):
+    """The BF16 router GEMM with an FP32 output (router_gemm='bf16' on CUDA), traced on the CPU."""
+
+    def routed(self, x):
+        logits = torch.mm(x, self.gate_weight.t(), out_dtype=torch.float32)
+        ids, weights = route_from_logits(logits, self.correction_bias, self.cfg.top_k, self.cfg.routed_scaling_factor)
+        z = F.linear(x, self.w_down)
+        return torch.ops.lmf.routed_experts(z, ids, weights, self.w13, self.w2, self.w13_scale, self.w2_scale,
+                                            self.weight_format, self.cfg.situ_beta, self.cfg.situ_linear_beta)
+
+
+def test_out_dtype_router_gemm_is_taken_as_the_bf16_form():
+    model = OutDtypeRouterBlock(CFG, dtype=BF16)
+    report, calls = _fused_graph(model, _x(4))
+    assert report.matched == 1 and report.routings[0].beside is not None, report.summary()
+    assert len(calls) == 1 and calls[0][4] == "bf16"
+    assert all(a.op == "placeholder" for a in calls[0][:4])  # x, gate_weight, correction_bias, w_down
+
+
+class TwistedRouterBlock(lmf.KimiK3MoEBlock):
+    """twist "logits_out": the router's logits are also an output; "other_tokens": z is not of x."""
+
+    def __init__(self, twist: str, **kwargs) -> None:
+        super().__init__(CFG, **kwargs)
+        self.twist = twist
+
+    def forward(self, x):
+        logits = F.linear(x.float(), self.gate_weight.float())
+        ids, weights = route_from_logits(logits, self.correction_bias, self.cfg.top_k, self.cfg.routed_scaling_factor)
+        z = F.linear(x * 2 if self.twist == "other_tokens" else x, self.w_down)
+        y = torch.ops.lmf.routed_experts(z, ids, weights, self.w13, self.w2, self.w13_scale, self.w2_scale,
+                                         self.weight_format, self.cfg.situ_beta, self.cfg.situ_linear_beta)
+        out = F.linear(F.rms_norm(y, (y.shape[-1],), self.norm_weight, self.cfg.rms_norm_eps), self.w_up) + self.shared(x)
+        return (out, logits) if self.twist == "logits_out" else out
+
+
+def test_routers_left_alone_say_why():
+    cases = [
+        (Router(), torch.randn(4, 32), "feed 0 routed-expert ops"),
+        (TwistedRouterBlock("other_tokens", dtype=BF16), _x(4), "is not x @ W_down^T of the router's tokens"),
+        (TwistedRouterBlock("logits_out", dtype=BF16), _x(4), "are also used by output"),
+    ]
+    for model, x, reason in cases:
+        report, calls = _fused_graph(model, x)
+        assert len(report.routings) == 1 and calls == [], report.summary()
+        r = report.routings[0]
+        assert r.beside is None and reason in r.beside_reason, r.beside_reason
+        assert reason in report.summary()
+
+
+def test_switch_is_part_of_the_cache_key():
+    on, off = lmf.LatentMoEFusionPass(), lmf.LatentMoEFusionPass(FusionConfig(overlap_router=False))
+    assert on.uuid() != off.uuid()
+    assert "router/beside_down_projection" in on.config.pattern_set()
+    assert "router/beside_down_projection" not in off.config.pattern_set()
+    assert "router/beside_down_projection" not in FusionConfig(fuse_routing=False).pattern_set()

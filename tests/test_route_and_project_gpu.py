@@ -1,0 +1,87 @@
+"""lmf::route_and_project on the GPU: side by side on two streams, its outputs are bitwise those of the
+calls it replaces (router GEMM, route kernel, down-projection) at Kimi K3 sizes, also captured in a CUDA
+graph; and a compiled block with the router beside the down-projection gives bitwise the output of one
+without."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import latent_moe_fusion as lmf
+from latent_moe_fusion.fusion_pass import FusionConfig
+from latent_moe_fusion.model.router import router_logits
+from latent_moe_fusion.ops.route_and_project import OVERLAP_ENV
+
+pytestmark = pytest.mark.gpu
+
+OP = torch.ops.lmf.route_and_project
+H, E, L, K = 7168, 896, 3584, 16
+FIRST, NUM_LOCAL = 112, 112  # one EP8 rank's share
+
+
+@pytest.fixture(scope="module")
+def weights():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    gate = (torch.randn(E, H, device="cuda", generator=gen) * H**-0.5).bfloat16()
+    bias = torch.randn(E, device="cuda", generator=gen) * 0.1
+    w_down = (torch.randn(L, H, device="cuda", generator=gen) * H**-0.5).bfloat16()
+    return gate, bias, w_down
+
+
+def _unfused(x, gate, bias, w_down, router_gemm):
+    ids, w = torch.ops.lmf.noaux_tc_route(router_logits(x, gate, router_gemm), bias, K, 1e-20, 1.0, FIRST, NUM_LOCAL)
+    return ids, w, F.linear(x, w_down)
+
+
+@pytest.mark.parametrize("side_by_side", ["1", "0"])
+@pytest.mark.parametrize("router_gemm", ["bf16", "fp32"])
+@pytest.mark.parametrize("m", [1, 8, 37, 128])
+def test_bitwise_the_unfused_calls(weights, monkeypatch, rng_seed, m, router_gemm, side_by_side):
+    monkeypatch.setenv(OVERLAP_ENV, side_by_side)
+    x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
+    got = OP(x, *weights, router_gemm, K, 1e-20, 1.0, FIRST, NUM_LOCAL)
+    for a, b in zip(got, _unfused(x, *weights, router_gemm), strict=True):
+        assert torch.equal(a, b)
+    z64 = x.double() @ weights[2].double().t()
+    assert float((got[2].double() - z64).norm() / z64.norm()) < 8e-3
+
+
+def test_captured_side_by_side_replays_match(weights, monkeypatch, rng_seed):
+    monkeypatch.setenv(OVERLAP_ENV, "1")
+    static_x = torch.randn(4, H, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):
+        OP(static_x, *weights, "bf16", K, 1e-20, 1.0, FIRST, NUM_LOCAL)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = OP(static_x, *weights, "bf16", K, 1e-20, 1.0, FIRST, NUM_LOCAL)
+    for out in static_out:
+        out.fill_(-7)  # poison: every element must be rewritten by the replay
+    for _ in range(20):
+        static_x.copy_(torch.randn_like(static_x))
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            graph.replay()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        for a, b in zip(static_out, _unfused(static_x, *weights, "bf16"), strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("m", [1, 8])
+def test_compiled_block_is_bitwise_the_one_without_the_overlap(m, rng_seed):
+    cfg = lmf.KimiK3MoEConfig().replace(num_experts=64, shared_intermediate_size=768)
+    model = lmf.KimiK3MoEBlock(cfg, weight_format="mxfp4", dtype=torch.bfloat16, device="cuda", seed=1,
+                               router_gemm="bf16", ep_size=2, ep_rank=1)
+    x = torch.randn(m, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    outs, reports = [], []
+    for config in (FusionConfig(), FusionConfig(overlap_router=False)):
+        fpass = lmf.LatentMoEFusionPass(config)
+        torch._dynamo.reset()
+        with torch._inductor.config.patch(fx_graph_cache=False):
+            outs.append(torch.compile(model, options={"post_grad_custom_pre_pass": fpass}, dynamic=False)(x))
+        reports.append(fpass.report)
+    assert reports[0].matched == 1 and reports[0].routings[0].beside is not None, reports[0].summary()
+    assert "[side_stream]" in reports[0].routings[0].beside
+    assert reports[1].routings[0].beside is None
+    assert torch.equal(outs[0], outs[1])
