@@ -33,6 +33,7 @@ BENCHMARKS = (
     ("router_gemm.py", (), None),  # the router GEMM at decode against its byte floor
     ("route.py", (), None),  # the router chain after its GEMM: unfused vs lmf::noaux_tc_route
     ("router_overlap.py", (), None),  # router GEMM + route beside the down-projection (lmf::route_and_project)
+    ("prefill_tiles.py", (), None),  # prefill routed GEMM tile candidates and the spread token grouping
     ("decode_tuning.py", (), None),  # decode knobs (PDL sites, prefetch, shared-expert programs, ...) on the block
     ("graph_timeline.py", (), None),  # kernels of one replayed decode forward: start, duration, idle before
     ("shared_overlap_bound.py", (), None),  # what starting the shared expert before the router could save

@@ -34,7 +34,7 @@ def _poisoned_run(p, config=None, shared=True):
 
 @pytest.mark.parametrize("weight_format", ["bf16", "mxfp4"])
 @pytest.mark.parametrize("routing", ["random", "one_expert", "few_experts", "none"])
-@pytest.mark.parametrize("m", [1, 13, 300])  # 300 * 16 pairs takes the prefill tiles (BM = 128)
+@pytest.mark.parametrize("m", [1, 13, 300, 600])  # 300 * 16 pairs: the prefill tiles (BM = 128); 600: the spread grouping
 def test_routed_op_matches_reference(weight_format, routing, m, rng_seed):
     p = make_problem(m, weight_format=weight_format, routing=routing, device="cuda", **MID)
     assert select_backend("routed_experts", "cuda", *p.routed_args()).name == "triton"

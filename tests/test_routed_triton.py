@@ -35,14 +35,17 @@ def test_e2m1_e8m0_decode_matches_dequantize(rng_seed):
     assert torch.equal(out.cpu(), ref)
 
 
-@pytest.mark.parametrize("m,top_k", [(21, 4), (1, 16), (3, 4)])
+@pytest.mark.parametrize("spread", [False, True])
+@pytest.mark.parametrize("m,top_k", [(21, 4), (1, 16), (3, 4), (300, 8)])
 @pytest.mark.parametrize("kind", ["random", "one_expert", "none"])
-def test_group_by_expert_places_every_pair_once(kind, m, top_k, rng_seed):
+def test_group_by_expert_places_every_pair_once(kind, m, top_k, spread, rng_seed):
     num_experts, bm = 32, 16
     ids = make_routing(m, num_experts, top_k, kind, DEVICE)
     if m == 1 and kind == "random":
         ids[0, 1] = num_experts + 3  # out of range: no row, like an id of another rank's expert
-    g = group_by_expert(ids, num_experts, bm)
+    if m == 300:
+        ids[7, :3] = torch.tensor([-1, num_experts, -5])  # another rank's experts: no rows
+    g = group_by_expert(ids, num_experts, bm, spread=spread)
     assert g.nb_max == max_blocks(m * top_k, num_experts, bm)
     rows = g.sorted_pairs.cpu().view(g.nb_max, bm)
     owners = g.block_expert.cpu()
@@ -85,3 +88,21 @@ def test_routed_without_local_ids_is_zero(rng_seed):
     out = torch.full_like(p.z, float("nan"))
     y = run_experts(*p.routed_args(), out=out)
     assert torch.equal(y, torch.zeros_like(y))
+
+
+@pytest.mark.gpu
+def test_spread_grouping_equals_one_program_at_prefill_size(rng_seed):
+    """M = 4096, top-16, one EP8 rank's 112 experts (7/8 of the ids -1): both groupings give the same
+    blocks per expert and the same pairs per expert (the row order inside an expert may differ)."""
+    num_experts, bm = 112, 128
+    ids = torch.randint(0, 8 * num_experts, (4096, 16), device="cuda", dtype=torch.int32)
+    ids = torch.where(ids < num_experts, ids, -1)
+    one, spread = (group_by_expert(ids, num_experts, bm, spread=s) for s in (False, True))
+    assert torch.equal(one.block_expert, spread.block_expert)
+    flat = ids.view(-1).long()
+    for g in (one, spread):
+        rows = g.sorted_pairs.view(g.nb_max, bm)
+        owner = g.block_expert.long()[:, None].expand_as(rows)
+        keep = rows >= 0
+        assert torch.equal(flat[rows[keep].long()], owner[keep])  # every row's pair has its block's expert
+        assert torch.equal(rows[keep].sort().values, torch.nonzero(flat >= 0).view(-1).int())

@@ -1,6 +1,7 @@
 """Launch schedule of the routed experts (+ optional shared expert and RMSNorm): four launches.
 
-  1. group_by_expert   ids -> expert blocks (one program, device-side, capture-safe; beside the
+  1. group_by_expert   ids -> expert blocks (one program, or three launches over many programs from
+                       moe_align.SPREAD_MIN_PAIRS pairs on; device-side, capture-safe; beside the
                        register-dequant kernels launched after the shared expert's side-stream fork)
   2. l1_kernel         routed gate/up + SiTU  and  shared gate/up + SiTU   (one grid)
      (l1_finish_kernel  with L1 split along K: SiTU of the ordered sum of the slices)
