@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import latent_moe_fusion as lmf
+from latent_moe_fusion.ops.route_and_project import OVERLAP_MAX_TOKENS
 
 pytestmark = pytest.mark.gpu
 
@@ -45,7 +46,8 @@ def test_manual_cuda_graph_replays_match_eager(block, m):
         for _ in range(3):  # compile, autotune and warm up outside capture
             fn(static_x)
     assert fpass.report.matched == 1, fpass.report
-    assert [r.beside is not None for r in fpass.report.routings] == [True], fpass.report.summary()
+    # the router beside the down-projection up to OVERLAP_MAX_TOKENS (router_overlap.py), in a row beyond
+    assert [r.beside is not None for r in fpass.report.routings] == [m <= OVERLAP_MAX_TOKENS], fpass.report.summary()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -79,7 +81,8 @@ def test_reduce_overhead_mode_replays_match_eager(block, m):
             torch.compiler.cudagraph_mark_step_begin()
             fn(x)
     assert fpass.report.matched == 1, fpass.report
-    assert [r.beside is not None for r in fpass.report.routings] == [True], fpass.report.summary()
+    # the router beside the down-projection up to OVERLAP_MAX_TOKENS (router_overlap.py), in a row beyond
+    assert [r.beside is not None for r in fpass.report.routings] == [m <= OVERLAP_MAX_TOKENS], fpass.report.summary()
     torch.cuda.synchronize()
     mem_before = None
     worst = 0.0

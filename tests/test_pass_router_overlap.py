@@ -119,3 +119,13 @@ def test_switch_is_part_of_the_cache_key():
     assert "router/beside_down_projection" in on.config.pattern_set()
     assert "router/beside_down_projection" not in off.config.pattern_set()
     assert "router/beside_down_projection" not in FusionConfig(fuse_routing=False).pattern_set()
+
+
+def test_static_prefill_sizes_stay_in_a_row():
+    from latent_moe_fusion.ops.route_and_project import OVERLAP_MAX_TOKENS
+
+    report, calls = _fused_graph(block(dtype=BF16), _x(OVERLAP_MAX_TOKENS + 1))
+    assert report.matched == 1 and calls == [], report.summary()
+    assert "side by side only pays at decode sizes" in report.routings[0].beside_reason
+    report, calls = _fused_graph(block(dtype=BF16), _x(OVERLAP_MAX_TOKENS))
+    assert len(calls) == 1, report.summary()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
+from ..ops.route_and_project import OVERLAP_MAX_TOKENS
 from .candidates import Reject
 from .capabilities import Capabilities
 from .checks import serving_backend
@@ -89,6 +90,11 @@ def _router_gemm(m: OverlapMatch) -> None:
     x = _val(m.x)
     if x is None or x.dim() != 2:
         raise Reject(f"the router's tokens {m.x.name} are not a 2-D tensor")
+    if isinstance(x.shape[0], int) and x.shape[0] > OVERLAP_MAX_TOKENS:
+        # The op would run the two in a row (two streams measured slower there); outside CUDA graphs its
+        # host time before the first launch would only delay the forward (H200, M = 4096: +2-4 %).
+        raise Reject(f"M = {x.shape[0]} tokens > {OVERLAP_MAX_TOKENS}: side by side only pays at decode sizes, "
+                     "the router and the down-projection stay in a row as compiled")
 
 
 def _down_projection(m: OverlapMatch, weights: fx.Node) -> None:
