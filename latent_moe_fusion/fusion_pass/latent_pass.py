@@ -6,6 +6,9 @@ the pattern matcher rewrite the approved ones (matcher.py) into
     y_n, ws = lmf::moe_shared_producer(<routed args>, rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group)
     out     = lmf::latent_tail(y_n, w_up, ws, mode, group)
 
+and, beyond DESIGN.md, the router: its chain after the gate GEMM into lmf::noaux_tc_route (routing.py),
+then that route with its gate GEMM and the latent down-projection of the same tokens into
+lmf::route_and_project (router_overlap.py), which runs the two side by side on CUDA.
 Everything not rewritten is reported with a reason and logged on the "latent_moe_fusion" logger.
 """
 

@@ -33,8 +33,9 @@ from .validation import _fail, check_tensor
 OP = "route_and_project"
 ROUTER_GEMMS = ("fp32", "bf16")
 OVERLAP_ENV = "LMF_ROUTER_OVERLAP"  # "1" always side by side, "0" never (A/B switch); unset: by token count
-# Side by side up to this many tokens. H200, Kimi K3 rank, CUDA graph, us per layer (serial / side by
-# side): M = 1 30.5 / 23.1, M = 32 33.9 / 25.7, M = 128 35.1 / 37.0 (bench/results/router_overlap.md).
+# Side by side up to this many tokens. H200, Kimi K3 rank, CUDA graph, us (one stream / two): M = 1
+# 29.7 / 23.5, M = 32 33.7 / 25.6, M = 64 35.5 / 27.3, M = 128 34.9 / 36.9 (bench/results/router_overlap.md).
+# The fusion pass does not insert the op for a static batch above it (fusion_pass/router_overlap.py).
 OVERLAP_MAX_TOKENS = 64
 
 
