@@ -37,26 +37,23 @@ def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
     return max(1, num_pairs // block_m + min(num_experts, num_pairs))
 
 
-@triton.jit(do_not_specialize=["num_pairs", "nb_max"])
-def _align_kernel(
-    ids_ptr, sorted_ptr, block_expert_ptr, start_ptr, count_ptr,
-    num_pairs, num_experts, nb_max,
-    BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr, NB_CHUNK: tl.constexpr,
-):
+@triton.jit
+def _count_chunk(ids_ptr, offs, num_pairs, num_experts, E_PAD: tl.constexpr):
+    """Pairs per expert among the pairs `offs`."""
+    ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1)
+    valid = (ids >= 0) & (ids < num_experts)
+    return tl.histogram(tl.where(valid, ids, 0), E_PAD, mask=valid)
+
+
+@triton.jit
+def _plan(counts, start_ptr, cursor_ptr, block_expert_ptr, nb_max,
+          BM: tl.constexpr, E_PAD: tl.constexpr, NB_CHUNK: tl.constexpr):
+    """Block ranges per expert (first block in start, row cursors zeroed) and the expert of every block."""
     experts = tl.arange(0, E_PAD)
-    # 1. pairs per expert
-    counts = tl.zeros([E_PAD], dtype=tl.int32)
-    for p0 in range(0, num_pairs, CHUNK):
-        offs = p0 + tl.arange(0, CHUNK)
-        ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1)
-        valid = (ids >= 0) & (ids < num_experts)
-        counts += tl.histogram(tl.where(valid, ids, 0), E_PAD, mask=valid)
-    # 2. block ranges per expert
     nblk = (counts + BM - 1) // BM
     blk_end = tl.cumsum(nblk, 0)
-    blk_start = blk_end - nblk
-    tl.store(start_ptr + experts, blk_start)
-    tl.store(count_ptr + experts, tl.zeros([E_PAD], dtype=tl.int32))
+    tl.store(start_ptr + experts, blk_end - nblk)
+    tl.store(cursor_ptr + experts, tl.zeros([E_PAD], dtype=tl.int32))
     # Expert of each block: the number of experts whose range ends at or before the block.
     total = tl.sum(nblk, 0)
     for b0 in range(0, nb_max, NB_CHUNK):
@@ -64,60 +61,59 @@ def _align_kernel(
         owner = tl.sum((blk_end[None, :] <= blocks[:, None]).to(tl.int32), 1)
         owner = tl.where(blocks < total, owner, -1)
         tl.store(block_expert_ptr + blocks, owner, mask=blocks < nb_max)
-    for r0 in range(0, nb_max * BM, CHUNK):
-        rows = r0 + tl.arange(0, CHUNK)
-        tl.store(sorted_ptr + rows, tl.full([CHUNK], -1, tl.int32), mask=rows < nb_max * BM)
-    tl.debug_barrier()  # the fills and counters above are visible to every thread below
-    # 3. each valid pair takes the next free row of its expert
-    for p0 in range(0, num_pairs, CHUNK):
-        offs = p0 + tl.arange(0, CHUNK)
-        ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1)
-        valid = (offs < num_pairs) & (ids >= 0) & (ids < num_experts)
-        key = tl.where(valid, ids, 0)
-        rank = tl.atomic_add(count_ptr + key, 1, mask=valid, sem="relaxed")
-        start = tl.load(start_ptr + key, mask=valid, other=0)
-        tl.store(sorted_ptr + start * BM + rank, offs, mask=valid)
 
 
 @triton.jit
-def _count_kernel(ids_ptr, counts_ptr, num_pairs, num_experts, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
-    """Pairs per expert over CHUNK pairs per program, added into counts (zeroed before)."""
-    offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
-    ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1)
-    valid = (ids >= 0) & (ids < num_experts)
-    counts = tl.histogram(tl.where(valid, ids, 0), E_PAD, mask=valid)
-    experts = tl.arange(0, E_PAD)
-    tl.atomic_add(counts_ptr + experts, counts, mask=counts > 0, sem="relaxed")
-
-
-@triton.jit(do_not_specialize=["nb_max"])
-def _plan_kernel(counts_ptr, start_ptr, cursor_ptr, block_expert_ptr, nb_max,
-                 BM: tl.constexpr, E_PAD: tl.constexpr, NB_CHUNK: tl.constexpr):
-    """Block ranges per expert and the expert of every block, from the counts (one program)."""
-    experts = tl.arange(0, E_PAD)
-    nblk = (tl.load(counts_ptr + experts) + BM - 1) // BM
-    blk_end = tl.cumsum(nblk, 0)
-    tl.store(start_ptr + experts, blk_end - nblk)
-    tl.store(cursor_ptr + experts, tl.zeros([E_PAD], dtype=tl.int32))
-    total = tl.sum(nblk, 0)
-    for b0 in range(0, nb_max, NB_CHUNK):
-        blocks = b0 + tl.arange(0, NB_CHUNK)
-        owner = tl.sum((blk_end[None, :] <= blocks[:, None]).to(tl.int32), 1)
-        owner = tl.where(blocks < total, owner, -1)
-        tl.store(block_expert_ptr + blocks, owner, mask=blocks < nb_max)
-
-
-@triton.jit
-def _place_kernel(ids_ptr, sorted_ptr, start_ptr, cursor_ptr, num_pairs, num_experts,
-                  BM: tl.constexpr, CHUNK: tl.constexpr):
-    """Each valid pair of this program's CHUNK takes the next free row of its expert."""
-    offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+def _place_chunk(ids_ptr, sorted_ptr, start_ptr, cursor_ptr, offs, num_pairs, num_experts, BM: tl.constexpr):
+    """Each valid pair of `offs` takes the next free row of its expert."""
     ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1)
     valid = (offs < num_pairs) & (ids >= 0) & (ids < num_experts)
     key = tl.where(valid, ids, 0)
     rank = tl.atomic_add(cursor_ptr + key, 1, mask=valid, sem="relaxed")
     start = tl.load(start_ptr + key, mask=valid, other=0)
     tl.store(sorted_ptr + start * BM + rank, offs, mask=valid)
+
+
+@triton.jit(do_not_specialize=["num_pairs", "nb_max"])
+def _align_kernel(
+    ids_ptr, sorted_ptr, block_expert_ptr, start_ptr, cursor_ptr,
+    num_pairs, num_experts, nb_max,
+    BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr, NB_CHUNK: tl.constexpr,
+):
+    """The whole grouping in one program."""
+    counts = tl.zeros([E_PAD], dtype=tl.int32)
+    for p0 in range(0, num_pairs, CHUNK):
+        counts += _count_chunk(ids_ptr, p0 + tl.arange(0, CHUNK), num_pairs, num_experts, E_PAD)
+    _plan(counts, start_ptr, cursor_ptr, block_expert_ptr, nb_max, BM, E_PAD, NB_CHUNK)
+    for r0 in range(0, nb_max * BM, CHUNK):
+        rows = r0 + tl.arange(0, CHUNK)
+        tl.store(sorted_ptr + rows, tl.full([CHUNK], -1, tl.int32), mask=rows < nb_max * BM)
+    tl.debug_barrier()  # the fills and cursors above are visible to every thread below
+    for p0 in range(0, num_pairs, CHUNK):
+        _place_chunk(ids_ptr, sorted_ptr, start_ptr, cursor_ptr, p0 + tl.arange(0, CHUNK), num_pairs, num_experts, BM)
+
+
+@triton.jit
+def _count_kernel(ids_ptr, counts_ptr, num_pairs, num_experts, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
+    """Spread step 1: pairs per expert over CHUNK pairs per program, added into counts (zeroed before)."""
+    counts = _count_chunk(ids_ptr, tl.program_id(0) * CHUNK + tl.arange(0, CHUNK), num_pairs, num_experts, E_PAD)
+    tl.atomic_add(counts_ptr + tl.arange(0, E_PAD), counts, mask=counts > 0, sem="relaxed")
+
+
+@triton.jit(do_not_specialize=["nb_max"])
+def _plan_kernel(counts_ptr, start_ptr, cursor_ptr, block_expert_ptr, nb_max,
+                 BM: tl.constexpr, E_PAD: tl.constexpr, NB_CHUNK: tl.constexpr):
+    """Spread step 2 (one program): block ranges and block experts from the counts."""
+    _plan(tl.load(counts_ptr + tl.arange(0, E_PAD)), start_ptr, cursor_ptr, block_expert_ptr, nb_max, BM, E_PAD,
+          NB_CHUNK)
+
+
+@triton.jit
+def _place_kernel(ids_ptr, sorted_ptr, start_ptr, cursor_ptr, num_pairs, num_experts,
+                  BM: tl.constexpr, CHUNK: tl.constexpr):
+    """Spread step 3: the pairs of CHUNK per program take their rows."""
+    _place_chunk(ids_ptr, sorted_ptr, start_ptr, cursor_ptr, tl.program_id(0) * CHUNK + tl.arange(0, CHUNK),
+                 num_pairs, num_experts, BM)
 
 
 SPREAD_MIN_PAIRS = 8192  # from here the grouping runs over many programs (M >= 512 at top-16)
