@@ -129,3 +129,18 @@ def test_static_prefill_sizes_stay_in_a_row():
     assert "side by side only pays at decode sizes" in report.routings[0].beside_reason
     report, calls = _fused_graph(block(dtype=BF16), _x(OVERLAP_MAX_TOKENS))
     assert len(calls) == 1, report.summary()
+
+
+def test_dynamic_batch_keeps_the_op_and_routes_every_size(rng_seed):
+    """A symbolic M: the pass cannot tell decode from prefill, so the op goes in and decides per call."""
+    model = block(seed=rng_seed % 1000, dtype=torch.float32, ep_size=2, ep_rank=0)
+    fpass = lmf.LatentMoEFusionPass()
+    torch._dynamo.reset()
+    with torch._inductor.config.patch({"fx_graph_cache": False, "compile_threads": 1}):
+        fn = torch.compile(model, options={"post_grad_custom_pre_pass": fpass}, dynamic=True)
+        for m in (3, 70):
+            x = _x(m, torch.float32)
+            out = fn(x)
+            assert rel_l2(out, model(x)) < 1e-5, m
+    assert fpass.report.routings and fpass.report.routings[0].beside is not None, fpass.report.summary()
+    assert fpass.report.ops_after[ROUTE_AND_PROJECT] == 1

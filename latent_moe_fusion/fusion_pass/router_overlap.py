@@ -6,7 +6,8 @@ feeds the routed experts with those weights, become one lmf::route_and_project (
            | mm([convert(] x [, float32)], permute([convert(] W_gate [, float32)]))   "fp32"
     ids, w = noaux_tc_route(logits, bias, ...)
     z      = mm(x, permute(W_down))
-    ...    = routed_experts | moe_shared_producer (z, ids', w, ...)
+    ...    = routed_experts | moe_shared_producer (z, ids', w', ...)     ids', w': the route's, or a few
+                                                                         nodes on (EP share, a scaling)
 
 The op computes each output with the same calls, so no bit changes; on CUDA it runs the down-projection
 on a side stream beside the router chain, which the single-stream compiled graph serialises. Like the
@@ -97,10 +98,29 @@ def _router_gemm(m: OverlapMatch) -> None:
                      "the router and the down-projection stay in a row as compiled")
 
 
-def _down_projection(m: OverlapMatch, weights: fx.Node) -> None:
-    consumers = [u for u in weights.users if any(_is(u, t) for t in ROUTED_CONSUMERS) and u.args[2] is weights]
+def _routed_consumers(outputs: tuple[fx.Node | None, ...], max_hops: int = 4) -> list[fx.Node]:
+    """Routed-expert ops whose ids or weights are the route's outputs or come from them through a few
+    nodes (the EP share, a scaling Inductor left as a multiply): the block this router feeds."""
+    frontier = [o for o in outputs if o is not None]
+    seen, found = set(frontier), []
+    for _ in range(max_hops):
+        nxt = []
+        for node in frontier:
+            for user in node.users:
+                if any(_is(user, t) for t in ROUTED_CONSUMERS):
+                    if (user.args[1] in seen or user.args[2] in seen) and user not in found:
+                        found.append(user)
+                elif user not in seen:
+                    seen.add(user)
+                    nxt.append(user)
+        frontier = nxt
+    return found
+
+
+def _down_projection(m: OverlapMatch) -> None:
+    consumers = _routed_consumers(m.outputs)
     if len(consumers) != 1:
-        raise Reject(f"the router's weights feed {len(consumers)} routed-expert ops (lmf::routed_experts or "
+        raise Reject(f"the router's ids and weights feed {len(consumers)} routed-expert ops (lmf::routed_experts or "
                      "lmf::moe_shared_producer), not one: no down-projection to run beside it")
     z = consumers[0].args[0]
     if not _is(z, aten.mm.default) or z.args[0] is not m.x:
@@ -126,7 +146,7 @@ def find_overlap(graph: fx.Graph, route: fx.Node) -> OverlapMatch:
         if extra:
             raise Reject(f"the router logits {m.logits.name} are also used by {', '.join(extra)}")
         _router_gemm(m)
-        _down_projection(m, m.outputs[1])
+        _down_projection(m)
         order = {node: i for i, node in enumerate(graph.nodes)}
         first = min(order[m.logits], order[m.down])
         late = [n.name for n in (m.x, m.gate_weight, route.args[1], m.w_down) if order[n] > first]
