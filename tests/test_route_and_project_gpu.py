@@ -68,20 +68,23 @@ def test_captured_side_by_side_replays_match(weights, monkeypatch, rng_seed):
             assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("m", [1, 8])
-def test_compiled_block_is_bitwise_the_one_without_the_overlap(m, rng_seed):
+@pytest.mark.parametrize("dynamic, sizes", [(False, (1,)), (False, (8,)), (True, (1, 8, 100))])
+def test_compiled_block_is_bitwise_the_one_without_the_overlap(dynamic, sizes, rng_seed):
+    """dynamic: one graph for every size; the op then runs its parts side by side or in a row per call."""
     cfg = lmf.KimiK3MoEConfig().replace(num_experts=64, shared_intermediate_size=768)
     model = lmf.KimiK3MoEBlock(cfg, weight_format="mxfp4", dtype=torch.bfloat16, device="cuda", seed=1,
                                router_gemm="bf16", ep_size=2, ep_rank=1)
-    x = torch.randn(m, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    xs = [torch.randn(m, cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for m in sizes]
     outs, reports = [], []
     for config in (FusionConfig(), FusionConfig(overlap_router=False)):
         fpass = lmf.LatentMoEFusionPass(config)
         torch._dynamo.reset()
         with torch._inductor.config.patch(fx_graph_cache=False):
-            outs.append(torch.compile(model, options={"post_grad_custom_pre_pass": fpass}, dynamic=False)(x))
+            fn = torch.compile(model, options={"post_grad_custom_pre_pass": fpass}, dynamic=dynamic)
+            outs.append([fn(x) for x in xs])
         reports.append(fpass.report)
     assert reports[0].matched == 1 and reports[0].routings[0].beside is not None, reports[0].summary()
     assert "[side_stream]" in reports[0].routings[0].beside
     assert reports[1].routings[0].beside is None
-    assert torch.equal(outs[0], outs[1])
+    for with_overlap, without in zip(*outs, strict=True):
+        assert torch.equal(with_overlap, without)
