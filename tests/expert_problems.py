@@ -104,10 +104,11 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out64 - ref64).norm() / denom)
 
 
-def normed_vs_float64_tolerance() -> float:
-    """bf16 RMS-normalised routed output against float64: the float64 reference skips the act and y roundings
-    the contract makes before the norm's own, so it gets the bound of tests/test_ops_reference.py (1e-2);
-    the same output against ops.math (the same roundings) keeps tolerance()."""
+def bf16_vs_float64_tolerance() -> float:
+    """A bf16 routed output (RMS-normalised or not) against float64: the float64 reference skips the act and
+    output roundings the contract makes, so it gets the bound of tests/test_ops_reference.py (1e-2). At the
+    tiny sizes' few outputs the two roundings alone scatter around 2.5e-3 (3.2e-3 seen at M = 2), over
+    tolerance()'s 3e-3, which stays the bound against ops.math (the same roundings)."""
     return 1e-2
 
 
