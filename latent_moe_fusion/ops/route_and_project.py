@@ -12,9 +12,10 @@ Each output is computed by the same calls as the unfused graph makes (the same c
 route kernel), so the rewrite changes no bit. What changes is the order on the GPU: the unfused graph
 runs router GEMM -> route -> down-projection on one stream, although the down-projection does not need
 the router. Here the router chain goes first on the caller's stream and the down-projection on a side
-stream forked before it; the caller's stream joins before the op returns. At decode the three kernels
-are far from their HBM floors (few tokens: split-K GEMMs and a one-program-per-row selection), so they
-share the bandwidth well (H200, Kimi K3 rank, CUDA graph: bench/results/router_overlap.md).
+stream forked before it; the caller's stream joins before the op returns. The two cuBLAS split-K GEMMs
+each take every SM, so the down-projection starts as the router GEMM's programs retire; what runs beside
+it is the split-K reduction and the route kernel, 6-8 us per call at decode (H200, Kimi K3 rank, CUDA
+graph: bench/results/router_overlap.md).
 """
 
 from __future__ import annotations
