@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import latent_moe_fusion as lmf  # noqa: E402,F401  (registers torch.ops.lmf.*)
 from bench.common import env_applied, environment, measure_ceilings, time_graph_ms, write_results  # noqa: E402
-from latent_moe_fusion.ops.route_and_project import OVERLAP_ENV, OVERLAP_MAX_TOKENS, router_logits_of  # noqa: E402
+from latent_moe_fusion.ops.route_and_project import OVERLAP_ENV, OVERLAP_MAX_TOKENS  # noqa: E402
+from latent_moe_fusion.ops.routing import router_logits  # noqa: E402
 
 HIDDEN, EXPERTS, LATENT, TOP_K, LOCAL = 7168, 896, 3584, 16, 112
 WEIGHT_SETS = 4  # 4 x 64 MB of weights per replay: well past the 50 MB L2
@@ -57,7 +58,7 @@ def main() -> None:
                 row[f"{name}_us"] = time_graph_ms(lambda i: call(x, i), WEIGHT_SETS) * 1e3
         row["down_projection_alone_us"] = time_graph_ms(lambda i: torch.mm(x, sets[i][2].t()), WEIGHT_SETS) * 1e3
         row["router_alone_us"] = time_graph_ms(lambda i: torch.ops.lmf.noaux_tc_route(
-            router_logits_of(x, sets[i][0], "bf16"), sets[i][1], TOP_K, 1e-20, 1.0, 0, LOCAL), WEIGHT_SETS) * 1e3
+            router_logits(x, sets[i][0], "bf16"), sets[i][1], TOP_K, 1e-20, 1.0, 0, LOCAL), WEIGHT_SETS) * 1e3
         nbytes = (EXPERTS + LATENT) * HIDDEN * 2 + m * HIDDEN * 2 + m * LATENT * 2 + 2 * m * EXPERTS * 4 + m * TOP_K * 8
         row["floor_us"] = nbytes / ceilings["copy_bytes_per_s"] * 1e6
         row["side_by_side_speedup"] = row["one_stream_us"] / row["side_by_side_us"]

@@ -27,6 +27,7 @@ from .candidates import Reject
 from .capabilities import Capabilities
 from .checks import serving_backend
 from .config import FusionConfig
+from .routing import _is, _val
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -52,15 +53,6 @@ class OverlapMatch:
     @property
     def where(self) -> str:
         return f"{self.logits.name if self.logits else '?'} + {self.down.name if self.down else '?'}"
-
-
-def _is(node, target) -> bool:
-    return isinstance(node, fx.Node) and node.op == "call_function" and node.target is target
-
-
-def _val(node) -> torch.Tensor | None:
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
 
 
 def _transposed_weight(node) -> fx.Node:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from ..ops import routing as _ops_routing
 from ..ops.routing import localize as localize_ids  # noqa: F401  (the EP share; lmf::noaux_tc_route folds it in)
 
 ROUTER_GEMMS = ("fp32", "bf16")
@@ -23,10 +23,7 @@ def router_logits(x: torch.Tensor, gate_weight: torch.Tensor, gemm: str = "fp32"
     """
     if gemm not in ROUTER_GEMMS:
         raise ValueError(f"router gemm must be one of {ROUTER_GEMMS}, got {gemm!r}")
-    if gemm == "bf16" and x.is_cuda and x.dtype == gate_weight.dtype == torch.bfloat16:
-        return torch.mm(x.reshape(-1, x.shape[-1]), gate_weight.t(), out_dtype=torch.float32).reshape(
-            *x.shape[:-1], gate_weight.shape[0])
-    return F.linear(x.float(), gate_weight.float())
+    return _ops_routing.router_logits(x, gate_weight, gemm)  # one implementation: lmf::route_and_project's too
 
 
 def route(

@@ -27,7 +27,7 @@ import torch
 from .backends import Backend, register_backend, select_backend
 from .library import _define
 from .reference import ANY_DEVICE
-from .routing import route_reference, validate_route_scalars
+from .routing import route_reference, router_logits, validate_route_scalars
 from .streams import side_stream
 from .validation import _fail, check_tensor
 
@@ -38,13 +38,6 @@ OVERLAP_ENV = "LMF_ROUTER_OVERLAP"  # "1" always side by side, "0" never (A/B sw
 # 29.7 / 23.5, M = 32 33.7 / 25.6, M = 64 35.5 / 27.3, M = 128 34.9 / 36.9 (bench/results/router_overlap.md).
 # The fusion pass does not insert the op for a static batch above it (fusion_pass/router_overlap.py).
 OVERLAP_MAX_TOKENS = 64
-
-
-def router_logits_of(x: torch.Tensor, gate_weight: torch.Tensor, router_gemm: str) -> torch.Tensor:
-    """The FP32 logits exactly as the unfused graph computes them (model/router.router_logits)."""
-    if router_gemm == "bf16" and x.is_cuda:
-        return torch.mm(x, gate_weight.t(), out_dtype=torch.float32)
-    return torch.mm(x.float(), gate_weight.float().t())
 
 
 def validate_route_and_project(
@@ -77,7 +70,7 @@ def validate_route_and_project(
 def route_and_project_reference(x, gate_weight, correction_bias, w_down, router_gemm, top_k, renorm_eps,
                                 scaling_factor, first_expert, num_local):
     """Pure PyTorch, any device, one stream: the op's definition."""
-    logits = router_logits_of(x, gate_weight, router_gemm)
+    logits = router_logits(x, gate_weight, router_gemm)
     ids, weights = route_reference(logits, correction_bias, top_k, renorm_eps, scaling_factor, first_expert, num_local)
     return ids, weights, torch.mm(x, w_down.t())
 
@@ -94,7 +87,7 @@ def route_and_project_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
     """The router chain on the caller's stream, the down-projection beside it on a side stream."""
     route_args = (correction_bias, top_k, renorm_eps, scaling_factor, first_expert, num_local)
     if not overlap_wanted(x.shape[0]):
-        ids, weights = torch.ops.lmf.noaux_tc_route(router_logits_of(x, gate_weight, router_gemm), *route_args)
+        ids, weights = torch.ops.lmf.noaux_tc_route(router_logits(x, gate_weight, router_gemm), *route_args)
         return ids, weights, torch.mm(x, w_down.t())
     main = torch.cuda.current_stream(x.device)
     side = side_stream(x.device, "down_projection")
@@ -102,7 +95,7 @@ def route_and_project_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
     # across the streams outlives the join, so the allocator needs no record_stream.
     z = torch.empty(x.shape[0], w_down.shape[0], dtype=x.dtype, device=x.device)
     side.wait_stream(main)  # the fork precedes the router's launches: the down-projection waits on nothing of them
-    ids, weights = torch.ops.lmf.noaux_tc_route(router_logits_of(x, gate_weight, router_gemm), *route_args)
+    ids, weights = torch.ops.lmf.noaux_tc_route(router_logits(x, gate_weight, router_gemm), *route_args)
     with torch.cuda.stream(side):
         torch.mm(x, w_down.t(), out=z)
     main.wait_stream(side)

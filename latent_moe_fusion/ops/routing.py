@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from .backends import Backend, register_backend, select_backend
 from .library import _define
@@ -33,6 +34,16 @@ from .reference import ANY_DEVICE
 from .validation import _fail, check_tensor
 
 OP = "noaux_tc_route"
+
+
+def router_logits(x: torch.Tensor, gate_weight: torch.Tensor, gemm: str) -> torch.Tensor:
+    """FP32 logits [..., E] = x @ gate_weight^T, as the model computes them (model/router.router_logits
+    documents the two forms): gemm "bf16" on CUDA with BF16 operands is one BF16 GEMM with an FP32
+    output; otherwise the FP32 GEMM of the widened operands."""
+    if gemm == "bf16" and x.is_cuda and x.dtype == gate_weight.dtype == torch.bfloat16:
+        return torch.mm(x.reshape(-1, x.shape[-1]), gate_weight.t(), out_dtype=torch.float32).reshape(
+            *x.shape[:-1], gate_weight.shape[0])
+    return F.linear(x.float(), gate_weight.float())
 
 
 def ordered_keys(values: torch.Tensor) -> torch.Tensor:
