@@ -40,16 +40,28 @@ L2_SIG = {"act_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*u8", "sorted_ptr": "*i
           "stride_we": "i32", "stride_se": "i32"}
 
 
-def compile_sm90(which: str, split: int = 1) -> triton.compiler.CompiledKernel:
+def compile_sm90(which: str, split: int = 1, ring: str = "loads") -> triton.compiler.CompiledKernel:
+    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn, sig, warps = (rg.l1_regs_kernel, L1_SIG, gk.L1_WARPS) if which == "l1" else (rg.l2_regs_kernel, L2_SIG, gk.L2_WARPS)
     # Integer arguments the launcher passes are multiples of 16 at these sizes (what the JIT specialises on).
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items()) if t != "fp32" and n != "top_k"}
-    sig = dict(sig, BM="constexpr", BK="constexpr", SPLIT="constexpr", num_warps="constexpr")
-    constexprs = {"BM": BM, "BK": gk.STEP_K, "SPLIT": split, "num_warps": warps}
+    kind, stages = gk.WEIGHT_RINGS[ring]
+    constexprs = {"BM": BM, "BK": gk.STEP_K, "SPLIT": split, "num_warps": warps, "RING": kind, "STAGES": stages}
+    if kind == "tma":  # the launcher's descriptor (gluon_kernels._words_descriptor)
+        rows = 16 * warps
+        box = f"2, {rows}, {gk.STEP_K // 8}" if which == "l1" else f"{rows}, {gk.STEP_K // 8}"
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3 if which == "l1" else 2)
+        desc = f"tensordesc<i32[{box}],{layout!r}>"
+    else:
+        desc, constexprs["w_desc"] = "constexpr", None
+    sig = dict(sig, w_desc=desc, BM="constexpr", BK="constexpr", SPLIT="constexpr", num_warps="constexpr",
+               RING="constexpr", STAGES="constexpr")
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    cap = gk.L1_MAX_REGISTERS if which == "l1" else gk.L2_MAX_REGISTERS
+    options = {"num_warps": warps} | ({"maxnreg": cap} if cap else {})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def registers(cubin: bytes) -> int:
@@ -62,16 +74,21 @@ def registers(cubin: bytes) -> int:
     return int(re.search(r"REG:(\d+)", usage).group(1))
 
 
-def loop_stats(which: str, split: int = 1) -> dict:
-    kernel = compile_sm90(which, split)
-    ops = main_loop(sass_of(kernel.asm["cubin"]))
+def loop_stats(which: str, split: int = 1, ring: str = "loads") -> dict:
+    kernel = compile_sm90(which, split, ring)
+    sass = sass_of(kernel.asm["cubin"])
+    ops = main_loop(sass)
     hist = collections.Counter(op.split(".")[0] for op in ops)
     warps = gk.L1_WARPS if which == "l1" else gk.L2_WARPS
+    # k steps in the range: 8 wgmma (k 16 each) per tile and step, L1 gate + up (the ring loops are unrolled,
+    # and the longest backward-branch range may take in their last steps too)
+    steps = hist["HGMMA"] / (16 if which == "l1" else 8)
     per_step = (2 if which == "l1" else 1) * 16 * warps * gk.STEP_K  # weight elements per step (L1: gate + up)
-    return {"kernel": f"{which}_regs_kernel", "k_slices": split, "warps": warps, "rows": 16 * warps, "registers": registers(kernel.asm["cubin"]),
-            "loop_instr": len(ops), "per_element": round(len(ops) * warps * 32 / per_step, 2),
-            "HGMMA": hist["HGMMA"], "STS": hist["STS"], "LDS": hist["LDS"],
-            "LDG_128": sum(op.startswith("LDG.E.128") for op in ops), "LDG": hist["LDG"], "HMUL2": hist["HMUL2"],
+    return {"kernel": f"{which}_regs_kernel", "ring": ring, "k_slices": split, "warps": warps, "rows": 16 * warps,
+            "registers": registers(kernel.asm["cubin"]), "spills": sum(op.startswith(("LDL", "STL")) for op in sass),
+            "loop_instr": round(len(ops) / steps, 1), "per_element": round(len(ops) / steps * warps * 32 / per_step, 2),
+            **{k: round(hist[k] / steps, 2) for k in ("BAR", "HGMMA", "STS", "LDS", "LDGSTS", "UTMALDG", "LDG", "HMUL2")},
+            "LDG_128": round(sum(op.startswith("LDG.E.128") for op in ops) / steps, 2),
             "top": ", ".join(f"{k} {v}" for k, v in hist.most_common(8))}
 
 
@@ -79,18 +96,24 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
-    rows = [loop_stats(w, split) for split in (1, 2) for w in ("l1", "l2")]
+    rows = [loop_stats(w, split, ring) for ring in gk.WEIGHT_RINGS for split in (1, 2) for w in ("l1", "l2")]
     for r in rows:
         print(r, flush=True)
     lines = [f"# Gluon register-dequant kernels: static SASS of the main loop (sm_90, triton {triton.__version__})", "",
              f"L = {LATENT}, I = {INTER}, {BM}-row blocks, k step {gk.STEP_K}; compiled on a CPU machine, not timed. "
-             "Triton's lut + tma loop for comparison: 4.97 (L1) and 6.98 (L2) instructions per weight element, "
-             "plus a shared-memory round trip of every dequantised tile (dequant_sass.md).", "",
-             "| kernel | K slices | warps | weight rows | registers | loop instructions / thread | instructions / weight element "
-             "| HGMMA | STS | LDS | LDG (16-byte) | HMUL2 | most frequent opcodes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['kernel']} | {r['k_slices']} | {r['warps']} | {r['rows']} | {r['registers']} | {r['loop_instr']} | {r['per_element']} | "
-              f"{r['HGMMA']} | {r['STS']} | {r['LDS']} | {r['LDG']} ({r['LDG_128']}) | {r['HMUL2']} | {r['top']} |" for r in rows]
+             "Counts per k step (the ring loops are unrolled by their stages; `top` counts the whole loop). "
+             f"Register caps {gk.L1_MAX_REGISTERS} (L1) / {gk.L2_MAX_REGISTERS} (L2), as launched; spills: local loads and "
+             "stores anywhere in the kernel. Triton's lut + tma loop for comparison: 4.97 (L1) and 6.98 (L2) "
+             "instructions per weight element, plus a shared-memory round trip of every dequantised tile "
+             "(dequant_sass.md).", "",
+             "| kernel | ring | K slices | warps | weight rows | registers | spills | loop instructions / thread "
+             "| instructions / weight element | BAR | HGMMA | STS | LDS | LDGSTS | UTMALDG | LDG (16-byte) | HMUL2 "
+             "| most frequent opcodes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['kernel']} | {r['ring']} | {r['k_slices']} | {r['warps']} | {r['rows']} | {r['registers']} | "
+              f"{r['spills']} | {r['loop_instr']:g} | {r['per_element']} | {r['BAR']:g} | {r['HGMMA']:g} | {r['STS']:g} | "
+              f"{r['LDS']:g} | {r['LDGSTS']:g} | {r['UTMALDG']:g} | {r['LDG']:g} ({r['LDG_128']:g}) | {r['HMUL2']:g} | "
+              f"{r['top']} |" for r in rows]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "regs_sass.md").write_text("\n".join(lines) + "\n")

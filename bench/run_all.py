@@ -21,6 +21,7 @@ BENCHMARKS = (
     ("producer_weight_loads.py", (), None),
     ("producer_split_k.py", (), None),
     ("routed_regs.py", (), None),
+    ("routed_ring.py", (), None),  # how the register-dequant kernels bring their weight words (loads, rings)
     ("routed_gemv.py", (), None),  # a few decode tokens' routed experts: CUDA-core GEMV against the MMA kernels
     ("routed_gemv_sass.py", (), None),  # static SASS of the GEMV kernels' K loop (no GPU needed)
     ("ncu_routed.py", (), "tool:ncu"),  # hardware counters of the routed L1 kernels (Nsight Compute)

@@ -1,14 +1,16 @@
 """The Gluon register-dequant kernels compile for sm_90 on this CPU machine, and their main loop is what
 the design says: wgmma with the dequantised weight from registers (no shared-memory load in the loop,
 and shared-memory stores only for the activation tile), 16-byte weight loads, and L1 within 128
-registers (4 CTAs of 4 warps per SM). The layout conversion to the wgmma operand is compiled with
-assert_trivial, so a change that needs a shuffle fails to compile here.
+registers (4 CTAs of 4 warps per SM); the weight rings (cp.async or TMA through shared-memory stages)
+take one CTA barrier per step and spill nothing under the register caps. The layout conversion to the
+wgmma operand is compiled with assert_trivial, so a change that needs a shuffle fails to compile here.
 
 Runs bench/regs_sass.py in a fresh interpreter without TRITON_INTERPRET (which this test session sets)."""
 
 import json
 from pathlib import Path
 
+from latent_moe_fusion.ops.gluon_kernels import L1_MAX_REGISTERS, L2_MAX_REGISTERS, WEIGHT_RINGS
 from tests.compiled_python import run_compiled
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,17 +20,24 @@ def test_register_dequant_kernels_compile_for_sm90_with_register_operands(tmp_pa
     done = run_compiled([str(ROOT / "bench" / "regs_sass.py"), "--out", str(tmp_path)], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((tmp_path / "regs_sass.json").read_text())
-    # both kernels, whole K and cut into 2 slices (the single-token split)
-    assert sorted((r["kernel"], r["k_slices"]) for r in rows) == [
-        ("l1_regs_kernel", 1), ("l1_regs_kernel", 2), ("l2_regs_kernel", 1), ("l2_regs_kernel", 2)], rows
+    # both kernels, whole K and cut into 2 slices (the single-token split), for every weight ring
+    assert sorted((r["kernel"], r["ring"], r["k_slices"]) for r in rows) == sorted(
+        (f"{w}_regs_kernel", ring, split) for w in ("l1", "l2") for ring in WEIGHT_RINGS for split in (1, 2)), rows
     for r in rows:
         l1 = r["kernel"] == "l1_regs_kernel"
-        name = f"{r['kernel']} ({r['k_slices']} K slices)"
+        name = f"{r['kernel']} ({r['ring']}, {r['k_slices']} K slices)"
         # per 128-k step: 8 wgmma (k 16 each) per weight tile; L1 has a gate and an up tile
         assert r["HGMMA"] == (16 if l1 else 8), r
-        assert r["LDS"] == 0, f"{name}: shared-memory loads in the loop (weight staged?): {r['top']}"
+        assert r["spills"] == 0, f"{name} spills registers: {r}"
+        assert r["registers"] <= (L1_MAX_REGISTERS or 128 if l1 else L2_MAX_REGISTERS), r  # L1: 4 CTAs per SM
         act_stores = 16 * 128 * 2 // (r["warps"] * 32) // 4  # activation tile in 4-byte stores at most
         assert 0 < r["STS"] <= act_stores, f"{name}: {r['STS']} shared stores per step: {r['top']}"
-        assert r["LDG_128"] >= (2 if l1 else 1) * 2, f"{name}: weight words not in 16-byte loads: {r}"
-        if l1:
-            assert r["registers"] <= 128, f"{name} needs {r['registers']} registers: fewer than 4 CTAs per SM"
+        if r["ring"] == "loads":
+            assert r["LDS"] == 0, f"{name}: shared-memory loads in the loop (weight staged?): {r['top']}"
+            assert r["LDG_128"] >= (2 if l1 else 1) * 2, f"{name}: weight words not in 16-byte loads: {r}"
+        elif r["k_slices"] == 1:
+            # the rings' promise: one CTA barrier per step, the weight words read back in 16-byte loads
+            assert r["BAR"] == 1, f"{name}: {r['BAR']} barriers per step: {r['top']}"
+            assert r["LDS"] >= (2 if l1 else 1) * 2, r
+            copies = r["UTMALDG"] if r["ring"] == "tma" else r["LDGSTS"] / ((2 if l1 else 1) * 2)
+            assert copies == 1, f"{name}: {r}"

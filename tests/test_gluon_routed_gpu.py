@@ -197,3 +197,37 @@ def test_a_picked_split_that_does_not_cut_k_runs_whole_k(monkeypatch, rng_seed):
     assert splits == [1]
     ref64 = routed64(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in p.routed_args()))
     assert rel_l2(y.cpu(), ref64) < tolerance(torch.bfloat16)
+
+
+RING_CASES = [(KIMI_RANK, 8, (1, 1)), (KIMI_RANK, 16, (1, 1)), (KIMI_RANK, 2, (4, 2)), (KIMI_RANK, 2, (2, 3)),
+              (SMALL, 8, (1, 1)), (SMALL, 32, (2, 2))]  # 28 / 7 / 14 and 24 / 12 / 8 steps; SMALL: 4 / 2 steps
+
+
+@pytest.mark.parametrize("ring", ["cp2", "cp4", "tma", "tma,cp4"])
+@pytest.mark.parametrize("sizes,m,split", RING_CASES,
+                         ids=[f"{'kimi' if s is KIMI_RANK else 'small'}-m{m}-{a}x{b}" for s, m, (a, b) in RING_CASES])
+def test_weight_rings_match_the_loads_bitwise(sizes, m, split, ring, monkeypatch, rng_seed):
+    """The weight words through a shared-memory ring (cp.async or TMA) instead of loads one step ahead:
+    the same dequantised values into the same MMAs, so the same bits, every element written (NaN poison);
+    K ranges that are no whole number of rounds of the ring (K slices of 7 and 14 steps) take the loads."""
+    from dataclasses import replace
+
+    from latent_moe_fusion.ops.gluon_kernels import RING_ENV
+    from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config
+
+    monkeypatch.setenv(ENV_SWITCH, "1")
+    p = make_problem(m, weight_format="mxfp4", routing="random", device="cuda", **sizes)
+    cfg = replace(pick_config(m * sizes["top_k"], "mxfp4", torch.bfloat16, sizes["num_experts"]), routed_gemv=False,
+                  regs_split=split)
+
+    def run(ring):
+        monkeypatch.setenv(RING_ENV, ring)
+        y = torch.full_like(p.z, float("nan"))
+        run_experts(*p.routed_args(), out=y, config=cfg)
+        torch.cuda.synchronize()
+        return y
+
+    y_loads, y_ring = run("loads"), run(ring)
+    assert torch.equal(y_ring, y_loads)
+    ref64 = routed64(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in p.routed_args()))
+    assert rel_l2(y_ring.cpu(), ref64) < tolerance(torch.bfloat16)

@@ -21,6 +21,18 @@ STEP_K = 128  # k per mainloop step: one 32-block per thread
 # H200: 4 warps beat 8 for L1 (2 accumulators), 8 beat 4 for L2 (bench/results/producer_notes.md, run 6)
 L1_WARPS, L2_WARPS = 4, 8
 ROW_TILES = (16 * L1_WARPS, 16 * L2_WARPS)  # weight rows per program (16 per warp)
+# How the weight words reach the registers: "loads" (16-byte loads one k step ahead: bytes in flight bounded
+# by registers), or a ring of shared-memory stages (k steps in flight independent of registers) filled per
+# thread by cp.async ("cp2", "cp4": 1 / 3 steps ahead) or by TMA ("tma": 4 stages, 3 steps ahead; L1's
+# gate and up tiles in one box). All give the same bits. H200 (bench/results/routed_ring.md): L1 fastest
+# on the TMA ring, L2 on the 4-stage cp.async ring (TMA with 8 warps behind one issuing thread is slower).
+WEIGHT_RINGS = {"loads": ("loads", 0), "cp2": ("cp", 2), "cp4": ("cp", 4), "tma": ("tma", 4)}
+DEFAULT_RINGS = ("tma", "cp4")
+RING_ENV = "LMF_MXFP4_RING"  # tuning override: a WEIGHT_RINGS name for both kernels, or "L1,L2"
+# Register caps (no spills in any ring: regs_sass.md): L2 3 CTAs of 8 warps per SM (the unrolled ring loops
+# would take up to 103 registers); L1 takes 4 CTAs of 4 warps without a cap (a cap of 128 made its ring
+# loops slower).
+L1_MAX_REGISTERS, L2_MAX_REGISTERS = None, 80
 
 
 def _gluon_importable() -> bool:
@@ -69,15 +81,56 @@ def split_reason(split: tuple[int, int], latent: int, inter: int) -> str | None:
     return None
 
 
+def weight_rings() -> tuple[str, str]:
+    """How L1 and L2 bring their weight words (WEIGHT_RINGS): RING_ENV overrides the H200 choice, with one
+    name for both kernels or "L1,L2"."""
+    raw = os.environ.get(RING_ENV, "")
+    if not raw:
+        return DEFAULT_RINGS
+    names = tuple(raw.split(","))
+    if len(names) == 1:
+        names = names * 2
+    if len(names) != 2 or any(n not in WEIGHT_RINGS for n in names):
+        raise ValueError(f"{RING_ENV}={raw!r}: expected one of {', '.join(WEIGHT_RINGS)}, or two of them as L1,L2")
+    return names
+
+
+def ring_for(ring: str, k_steps: int) -> str:
+    """The ring a K range of k_steps steps takes: a ring loop runs whole rounds of its stages (unrolled, one
+    allocation per stage), so a range that is no multiple of them takes the loads."""
+    if ring not in WEIGHT_RINGS:
+        raise ValueError(f"unknown weight ring {ring!r}: expected one of {', '.join(WEIGHT_RINGS)}")
+    return ring if k_steps % max(WEIGHT_RINGS[ring][1], 1) == 0 else "loads"
+
+
+def _words_descriptor(words: torch.Tensor, rows: int, ring: str, dual: bool):
+    """TMA descriptor of the weight words for the "tma" ring, one k step of `rows` rows per box:
+    [2E, I, K / 8] int32 with the gate and up tiles in one box (dual, L1), else [E * N, K / 8]."""
+    if ring != "tma":
+        return None
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    if dual:
+        view = words.view(words.shape[0] * 2, words.shape[1] // 2, words.shape[2])
+        block = [2, rows, STEP_K // 8]
+    else:
+        view = words.view(-1, words.shape[-1])
+        block = [rows, STEP_K // 8]
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=view.dim())
+    return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
+
+
 def launch_routed_l1(
     z: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, sorted_pairs: torch.Tensor,
     block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, block_m: int, top_k: int, beta: float,
-    lin_beta: float, split: int = 1, signal: bool = False,
+    lin_beta: float, split: int = 1, signal: bool = False, ring: str | None = None,
 ) -> None:
     """act[block rows, :I] = bf16(SiTU(gate, up)) for every routed block (rows of unused blocks untouched).
     split > 1: K in that many slices of FP32 partial sums, then the ordered-sum + SiTU finish.
     signal: L1 lets its dependents launch at once and the finish goes out as a programmatic dependent
-    (ops/pdl.py), so that a dependent L2 launched next can prefetch its weights while L1 runs."""
+    (ops/pdl.py), so that a dependent L2 launched next can prefetch its weights while L1 runs.
+    ring: how the weight words arrive (WEIGHT_RINGS; None: weight_rings())."""
     from ..triton_kernels.split_k import launch_l1_finish
     from .routed_gemm import l1_regs_kernel
 
@@ -87,10 +140,13 @@ def launch_routed_l1(
     n_rows = num_blocks * block_m
     h_part = act if split == 1 else torch.empty(split, n_rows, 2 * inter, dtype=torch.float32, device=z.device)
     grid = (num_blocks * (inter // (16 * L1_WARPS)) * split,)
+    ring = ring_for(weight_rings()[0] if ring is None else ring, latent // split // STEP_K)
+    kind, stages = WEIGHT_RINGS[ring]
     l1_regs_kernel[grid](
         z, words, w13_scale, sorted_pairs, block_expert, act, h_part, n_rows, inter, latent, latent // 8,
         latent // MXFP4_BLOCK, top_k, words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta),
-        BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L1_WARPS, SIGNAL=signal,
+        _words_descriptor(words, 16 * L1_WARPS, ring, dual=True),
+        BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L1_WARPS, SIGNAL=signal, RING=kind, STAGES=stages,
     )
     if split > 1:
         launch_l1_finish(h_part, block_expert, act, n_rows, inter, h_part, act, 0, inter, beta, lin_beta, block_m,
@@ -100,6 +156,7 @@ def launch_routed_l1(
 def launch_routed_l2(
     act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, sorted_pairs: torch.Tensor,
     block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int, block_m: int, dependent: bool = False,
+    ring: str | None = None,
 ) -> None:
     """pairs[pair, :] = act[row] @ W2[e]^T in FP32 for every valid (token, slot) row; pairs [SPLIT, P, L]
     holds one K slice's sums per leading index (the combine adds them in order).
@@ -112,8 +169,12 @@ def launch_routed_l2(
     words = w2.view(torch.int32)
     split = pairs.shape[0] if pairs.dim() == 3 else 1
     grid = (num_blocks * (latent // (16 * L2_WARPS)) * split,)
+    ring = ring_for(weight_rings()[1] if ring is None else ring, inter // split // STEP_K)
+    kind, stages = WEIGHT_RINGS[ring]
     l2_regs_kernel[grid](
         act, words, w2_scale, sorted_pairs, block_expert, pairs, pairs.stride(0) if split > 1 else 0, latent, inter,
-        inter // 8, inter // MXFP4_BLOCK, words.stride(0), w2_scale.stride(0),
-        BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L2_WARPS, PDL=dependent, launch_pdl=dependent,
+        inter // 8, inter // MXFP4_BLOCK, words.stride(0), w2_scale.stride(0), _words_descriptor(words, 16 * L2_WARPS, ring, dual=False),
+        BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L2_WARPS, PDL=dependent, launch_pdl=dependent, RING=kind,
+        STAGES=stages,
+        maxnreg=L2_MAX_REGISTERS,
     )

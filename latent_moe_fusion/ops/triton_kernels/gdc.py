@@ -34,3 +34,16 @@ def prefetch_rows_l2(addresses, nbytes):
         "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
         "=r,l,r", [addresses, nbytes], dtype=tl.int32, is_pure=False, pack=1,
     )
+
+
+# cp.async.wait_group as plain inline PTX: Gluon's async_copy.wait_group makes the compiler add a CTA
+# barrier after it, which the Gluon ring kernels (gluon_kernels/routed_gemm.py) do not need: each thread
+# reads back only the chunks it copied itself, and their one barrier per step orders the rest.
+@triton.jit
+def wait_own_copies_0():
+    tl.inline_asm_elementwise("cp.async.wait_group 0; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def wait_own_copies_2():
+    tl.inline_asm_elementwise("cp.async.wait_group 2; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
