@@ -1,6 +1,7 @@
 """Hardware counters (Nsight Compute) of the routed experts' L1 kernels at decode: issue activity, the ALU and
 FMA pipes, warps per SM and the stall reasons per issued instruction, for the CUDA-core GEMV (one to four
-tokens) and the register-dequant wgmma kernel (the path from five tokens on).
+tokens) and the register-dequant wgmma kernels (the path from five tokens on; L1 and L2, with their weight
+words by loads or through the default rings).
 
 Each case runs this script again under `ncu --clock-control none` (the clocks stay as they are, see the
 device notes) in driver mode: the routed op of bench/producer.py's Kimi K3 rank on two routings, the
@@ -22,8 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-CASES = (("1", "default"), ("1", "2x2x64w1p2r72"), ("4", "4x4x64w1p2"), ("8", "mma"))
-KERNELS = "routed_gemv_l1|l1_regs_kernel"
+# mode: "default" / a GEMV setting (LMF_ROUTED_GEMV), or "mma" (the register-dequant kernels) with an optional
+# weight ring after a colon (LMF_MXFP4_RING; none: the default rings)
+CASES = (("1", "default"), ("1", "2x2x64w1p2r72"), ("4", "4x4x64w1p2"), ("8", "mma:loads"), ("8", "mma"),
+         ("32", "mma:loads"), ("32", "mma"))
+KERNELS = "routed_gemv_l1|l1_regs_kernel|l2_regs_kernel"
 METRICS = ",".join((
     r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio",
     "smsp__issue_active.avg.pct_of_peak_sustained_active", "sm__warps_active.avg.per_cycle_active",
@@ -50,9 +54,12 @@ def drive(m: int, mode: str) -> None:
     gen = torch.Generator().manual_seed(29)
     case = Case(m, "mxfp4", make_weights("mxfp4", gen), make_shared_weights(), make_rms_weight(),
                 one_token_sets(m, 2, gen))
+    mode, _, ring = mode.partition(":")
     cfg = replace(pick_config(m * TOP_K, "mxfp4", DT, LOCAL_EXPERTS), routed_gemv=mode != "mma")
     if mode != "default":
         os.environ["LMF_ROUTED_GEMV"] = "0" if mode == "mma" else mode
+    if ring:
+        os.environ["LMF_MXFP4_RING"] = ring
     for i in range(3):
         case.routed_only(i % 2, cfg)
     torch.cuda.synchronize()
@@ -81,18 +88,23 @@ def parse(text: str) -> list[dict]:
     return rows
 
 
-def summarize(m: str, mode: str, text: str) -> dict:
-    row = parse(text)[-1]
-    stalls = sorted(row.pop("stalls").items(), key=lambda kv: -kv[1])
-    row = {"M": int(m), "variant": mode, **row}
-    row["top_stalls"] = "; ".join(f"{name} {v:.2f}" for name, v in stalls[:5] if v >= 0.1)
-    return row
+def summarize(m: str, mode: str, text: str) -> list[dict]:
+    """One row per kernel profiled (its last launch)."""
+    rows = []
+    for row in {r["kernel"]: r for r in parse(text)}.values():
+        stalls = sorted(row.pop("stalls").items(), key=lambda kv: -kv[1])
+        row = {"M": int(m), "variant": mode, **row}
+        row["top_stalls"] = "; ".join(f"{name} {v:.2f}" for name, v in stalls[:5] if v >= 0.1)
+        rows.append(row)
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--driver", nargs=2, metavar=("M", "MODE"), help=argparse.SUPPRESS)
+    ap.add_argument("--m", type=int, nargs="+", help="only the cases of these token counts")
+    ap.add_argument("--name", default="routed_kernels_ncu")
     args = ap.parse_args()
     if args.driver:
         drive(int(args.driver[0]), args.driver[1])
@@ -101,14 +113,16 @@ def main() -> None:
 
     rows = []
     for m, mode in CASES:
+        if args.m and int(m) not in args.m:
+            continue
         cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "-k", f"regex:{KERNELS}",
                "--page", "raw", "--metrics", METRICS, sys.executable, __file__, "--driver", m, mode]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise SystemExit(f"ncu failed for M = {m} {mode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-        rows.append(summarize(m, mode, done.stdout))
+        rows += summarize(m, mode, done.stdout)
         print(rows[-1], flush=True)
-    write_results("routed_kernels_ncu", rows, ["M", "variant", "kernel", "threads", *COLUMNS.values(), "top_stalls"],
+    write_results(args.name, rows, ["M", "variant", "kernel", "threads", *COLUMNS.values(), "top_stalls"],
                   environment() | {"tool": "ncu --clock-control none --page raw (durations: serialised, caches flushed)"},
                   args.out, notes="issue_pct: issue slots busy (active cycles); alu_pipe_pct / fma_pipe_pct: "
                                   "instructions executed on those pipes against their peak; top_stalls: warp cycles "

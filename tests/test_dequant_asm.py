@@ -61,3 +61,30 @@ def test_emulator_prmt_matches_the_ptx_manual_examples():
     assert _prmt(a, b, 0x3210) == a and _prmt(a, b, 0x7654) == b
     assert _prmt(a, b, 0x5140) == (0x55 << 24) | (0x11 << 16) | (0x44 << 8) | 0x00
     assert _prmt(0x00000080, 0, 0x0008) & 0xFF == 0xFF  # sign-replicate mode
+
+
+def test_pairs_bf16_gives_every_code_times_its_scale_within_the_window():
+    """The wgmma kernels' dequantiser: $8 = word, $9 = the bf16x2 factor 2^(s - 1 - WINDOW) dequant_kappa
+    makes of the E8M0 byte s; $i = code i times 2^(s - 127 - WINDOW). Exact for s in SCALE_BYTES_EXACT, rounded
+    towards 0 below (bf16 subnormals), never finite above (inf / NaN): every byte, every code and position."""
+    from latent_moe_fusion.ops.gluon_kernels.lut_dequant import FP4_PAIRS_BF16_ASM, SCALE_BYTES_EXACT, WINDOW
+
+    lo, hi = SCALE_BYTES_EXACT
+    for scale in range(256):
+        factor = min(scale + 126 - WINDOW, 255) * 0x00800080  # as dequant_kappa computes it
+        for w in words()[:40]:
+            out = run_ptx(FP4_PAIRS_BF16_ASM, {8: w, 9: factor}, 8)
+            for k in range(8):
+                code = (w >> (4 * k)) & 0xF
+                got = np.float32(_bf16_bits_to_f32(out[k]))
+                exact = np.float32(-E2M1[code & 7] if code & 8 else E2M1[code & 7]) * np.float32(2.0 ** (scale - 127))
+                if lo <= scale <= hi:
+                    assert got * np.float32(2.0**WINDOW) == exact, f"word {w:#010x} scale {scale} k {k}: {got}"
+                elif scale < lo:
+                    assert abs(float(got) * 2.0**WINDOW - float(exact)) <= 2.0 ** (-133 + WINDOW - 1), (scale, k)
+                else:
+                    assert not np.isfinite(got), f"scale {scale} k {k} code {code}: finite {got}"
+
+
+def _bf16_bits_to_f32(h: int) -> np.float32:
+    return np.array([h << 16], dtype=np.uint32).view(np.float32)[0]

@@ -82,3 +82,31 @@ def test_shared_expert_by_library_with_merged_or_separate_gate_up(merged):
     shared_by_library(p.x_s, w1_s, w3_s, p.w2_s, out, BETA, LIN_BETA)
     ref = shared_expert_math(p.x_s, p.w1_s, p.w3_s, p.w2_s, BETA, LIN_BETA)
     assert rel_l2(out, ref) < tolerance(torch.bfloat16)
+
+
+def test_weight_rings_by_pairs_and_by_override(monkeypatch):
+    """The measured ring choice (L2 leaves the TMA ring past L2_TMA_MAX_PAIRS), the override in one or two
+    names, and the loads where a ring cannot run: K ranges short of whole rounds, K slices."""
+    from latent_moe_fusion.ops.gluon_kernels import L2_TMA_MAX_PAIRS, RING_ENV, ring_for, weight_rings
+
+    monkeypatch.delenv(RING_ENV, raising=False)
+    assert weight_rings(128) == ("tma", "tma")
+    assert weight_rings(L2_TMA_MAX_PAIRS + 1) == ("tma", "cp4")
+    monkeypatch.setenv(RING_ENV, "cp2")
+    assert weight_rings(128) == ("cp2", "cp2")
+    monkeypatch.setenv(RING_ENV, "loads,cp4")
+    assert weight_rings(4096) == ("loads", "cp4")
+    assert ring_for("tma", 28, 1) == "tma" and ring_for("cp2", 14, 1) == "cp2"
+    assert ring_for("tma", 14, 1) == "loads" and ring_for("cp4", 7, 1) == "loads"
+    assert ring_for("tma", 28, 2) == "loads"  # K slices take the loads
+
+
+@pytest.mark.parametrize("value", ["tma,cp4,loads", "fast", "tma,", "4"])
+def test_a_bad_ring_override_says_what_it_takes(value, monkeypatch):
+    from latent_moe_fusion.ops.gluon_kernels import RING_ENV, ring_for, weight_rings
+
+    monkeypatch.setenv(RING_ENV, value)
+    with pytest.raises(ValueError, match=f"{RING_ENV}=.*expected one of loads, cp2, cp4, tma"):
+        weight_rings(8)
+    with pytest.raises(ValueError, match="unknown weight ring 'fast'"):
+        ring_for("fast", 28, 1)

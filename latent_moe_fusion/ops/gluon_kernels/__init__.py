@@ -24,15 +24,31 @@ ROW_TILES = (16 * L1_WARPS, 16 * L2_WARPS)  # weight rows per program (16 per wa
 # How the weight words reach the registers: "loads" (16-byte loads one k step ahead: bytes in flight bounded
 # by registers), or a ring of shared-memory stages (k steps in flight independent of registers) filled per
 # thread by cp.async ("cp2", "cp4": 1 / 3 steps ahead) or by TMA ("tma": 4 stages, 3 steps ahead; L1's
-# gate and up tiles in one box). All give the same bits. H200 (bench/results/routed_ring.md): L1 fastest
-# on the TMA ring, L2 on the 4-stage cp.async ring (TMA with 8 warps behind one issuing thread is slower).
+# gate and up tiles in one box). All give the same bits. H200 (bench/results/routed_ring.md, one token per
+# row): L1 fastest on the TMA ring at M = 8 / 32 / 128; L2 on the TMA ring at M = 8 and 32 (128 and 512
+# pairs) but on the 4-stage cp.async ring at M = 128 (2048 pairs: 8 warps behind one issuing thread).
 WEIGHT_RINGS = {"loads": ("loads", 0), "cp2": ("cp", 2), "cp4": ("cp", 4), "tma": ("tma", 4)}
-DEFAULT_RINGS = ("tma", "cp4")
+L2_TMA_MAX_PAIRS = 512
+
+
+def default_rings(num_pairs: int) -> tuple[str, str]:
+    """The measured choice of rings (L1, L2) for a call with num_pairs (token, slot) pairs."""
+    return "tma", "tma" if num_pairs <= L2_TMA_MAX_PAIRS else "cp4"
+
+
 RING_ENV = "LMF_MXFP4_RING"  # tuning override: a WEIGHT_RINGS name for both kernels, or "L1,L2"
-# Register caps (no spills in any ring: regs_sass.md): L2 3 CTAs of 8 warps per SM (the unrolled ring loops
-# would take up to 103 registers); L1 takes 4 CTAs of 4 warps without a cap (a cap of 128 made its ring
-# loops slower).
-L1_MAX_REGISTERS, L2_MAX_REGISTERS = None, 80
+# Register caps, for 4 CTAs of 4 warps (L1) and 3 of 8 warps (L2) per SM without spills (regs_sass.md): L1's
+# loads loop would take 151 registers and L2's unrolled rings up to 103 (its K-sliced loads, a single
+# token's rare path, spill 2 under the cap). L1's TMA ring takes 128 by itself but spills under an explicit
+# cap of 128 (ptxas), so it runs uncapped.
+L1_MAX_REGISTERS, L2_MAX_REGISTERS = 128, 80
+
+
+def max_registers(kernel: str, ring_kind: str) -> int | None:
+    """The maxnreg a register-dequant kernel ("l1" / "l2") is launched with for its ring kind."""
+    if kernel == "l1":
+        return None if ring_kind == "tma" else L1_MAX_REGISTERS
+    return L2_MAX_REGISTERS
 
 
 def _gluon_importable() -> bool:
@@ -81,12 +97,12 @@ def split_reason(split: tuple[int, int], latent: int, inter: int) -> str | None:
     return None
 
 
-def weight_rings() -> tuple[str, str]:
-    """How L1 and L2 bring their weight words (WEIGHT_RINGS): RING_ENV overrides the H200 choice, with one
-    name for both kernels or "L1,L2"."""
+def weight_rings(num_pairs: int) -> tuple[str, str]:
+    """How L1 and L2 bring their weight words (WEIGHT_RINGS): RING_ENV overrides the measured choice
+    (default_rings), with one name for both kernels or "L1,L2"."""
     raw = os.environ.get(RING_ENV, "")
     if not raw:
-        return DEFAULT_RINGS
+        return default_rings(num_pairs)
     names = tuple(raw.split(","))
     if len(names) == 1:
         names = names * 2
@@ -95,12 +111,13 @@ def weight_rings() -> tuple[str, str]:
     return names
 
 
-def ring_for(ring: str, k_steps: int) -> str:
-    """The ring a K range of k_steps steps takes: a ring loop runs whole rounds of its stages (unrolled, one
-    allocation per stage), so a range that is no multiple of them takes the loads."""
+def ring_for(ring: str, k_steps: int, split: int) -> str:
+    """The ring a kernel call takes: a ring loop runs whole rounds of its stages (unrolled, one allocation per
+    stage), so a K range that is no multiple of them takes the loads; so do K slices (a single token's few
+    programs: regs_split), where the rings were not measured and L1's TMA ring needs 146 registers."""
     if ring not in WEIGHT_RINGS:
         raise ValueError(f"unknown weight ring {ring!r}: expected one of {', '.join(WEIGHT_RINGS)}")
-    return ring if k_steps % max(WEIGHT_RINGS[ring][1], 1) == 0 else "loads"
+    return ring if split == 1 and k_steps % max(WEIGHT_RINGS[ring][1], 1) == 0 else "loads"
 
 
 def _words_descriptor(words: torch.Tensor, rows: int, ring: str, dual: bool):
@@ -140,13 +157,14 @@ def launch_routed_l1(
     n_rows = num_blocks * block_m
     h_part = act if split == 1 else torch.empty(split, n_rows, 2 * inter, dtype=torch.float32, device=z.device)
     grid = (num_blocks * (inter // (16 * L1_WARPS)) * split,)
-    ring = ring_for(weight_rings()[0] if ring is None else ring, latent // split // STEP_K)
+    ring = ring_for(weight_rings(z.shape[0] * top_k)[0] if ring is None else ring, latent // split // STEP_K, split)
     kind, stages = WEIGHT_RINGS[ring]
     l1_regs_kernel[grid](
         z, words, w13_scale, sorted_pairs, block_expert, act, h_part, n_rows, inter, latent, latent // 8,
         latent // MXFP4_BLOCK, top_k, words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta),
         _words_descriptor(words, 16 * L1_WARPS, ring, dual=True),
         BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L1_WARPS, SIGNAL=signal, RING=kind, STAGES=stages,
+        maxnreg=max_registers("l1", kind),
     )
     if split > 1:
         launch_l1_finish(h_part, block_expert, act, n_rows, inter, h_part, act, 0, inter, beta, lin_beta, block_m,
@@ -169,12 +187,12 @@ def launch_routed_l2(
     words = w2.view(torch.int32)
     split = pairs.shape[0] if pairs.dim() == 3 else 1
     grid = (num_blocks * (latent // (16 * L2_WARPS)) * split,)
-    ring = ring_for(weight_rings()[1] if ring is None else ring, inter // split // STEP_K)
+    ring = ring_for(weight_rings(pairs.shape[-2])[1] if ring is None else ring, inter // split // STEP_K, split)
     kind, stages = WEIGHT_RINGS[ring]
     l2_regs_kernel[grid](
         act, words, w2_scale, sorted_pairs, block_expert, pairs, pairs.stride(0) if split > 1 else 0, latent, inter,
         inter // 8, inter // MXFP4_BLOCK, words.stride(0), w2_scale.stride(0), _words_descriptor(words, 16 * L2_WARPS, ring, dual=False),
         BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L2_WARPS, PDL=dependent, launch_pdl=dependent, RING=kind,
         STAGES=stages,
-        maxnreg=L2_MAX_REGISTERS,
+        maxnreg=max_registers("l2", kind),
     )

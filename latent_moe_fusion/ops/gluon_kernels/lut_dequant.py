@@ -4,15 +4,17 @@ A thread of the wgmma A layout (k_width 2) holds, per row and per 16-wide k chun
 k = 2q + {0, 1} and 2q + 8 + {0, 1} (q = lane % 4). The GEMM's k order inside each 128-wide step is
 free as long as the activations follow it, so the kernels use kappa (the MMA's k) with
 
-    k     = 32 q + 8 w + 4 c0 + 2 h + e      (the weight's own k, as stored)
+    k     = 32 q + 8 w + 4 e + 2 h + c0      (the weight's own k, as stored: code c = 4 e + 2 h + c0 of word 4q + w)
     kappa = 32 w + 16 c0 + 8 h + 2 q + e
 
 Thread q then owns k 32q .. 32q + 31 of its rows: 16 contiguous bytes (one 16-byte load) under one
 E8M0 scale, in the standard [E, N, K/2] layout (no repacking). Each 32-bit word (8 codes, one
-scale) becomes 8 BF16 values by table lookups (prmt on two 8-byte tables of the e2m1 magnitudes'
-high and low bytes, the sign gathered by one more prmt) and two bf16x2 multiplies by the scale.
-The asm hands out 16-bit halves; joining them with the e (pair) index innermost keeps every bf16x2
-wgmma register one asm result, so no shuffles follow (checked in the SASS by the compile test).
+scale) becomes 8 BF16 values, two codes (i and i + 4, the wgmma register's pair) at a time, by bit
+placement and one bf16x2 multiply (below: the wgmma kernels), or by table lookups (prmt on two 8-byte
+tables of the e2m1 magnitudes' high and low bytes, the sign gathered by one more prmt: the GEMV
+kernels' FP32 forms). The asm hands out 16-bit halves; joining them with the e (pair) index innermost
+keeps every bf16x2 wgmma register one asm result, so no shuffles follow (checked in the SASS by the
+compile test).
 """
 
 from __future__ import annotations
@@ -95,10 +97,51 @@ def codes_to_f32_unscaled(words):
     )
 
 
+# The wgmma kernels' dequantiser: no table. A code's three magnitude bits (e1 e0 m) placed at bf16 bits 8..6
+# (the exponent's two low bits and the mantissa's top bit) read as the code's value times 2^-126 (code 0.5
+# the one subnormal), its sign at bit 15; one integer multiply by (2^a + 2^b) lays both copies out for two
+# codes of a word at once (codes i and i + 4, one per 16-bit lane), one mask keeps the right bits. The bf16x2
+# multiply by 2^(s - 1 - WINDOW) then gives code * 2^(s - 127) / 2^WINDOW, exact for scale bytes s in
+# [59, 192] (below: rounded towards 0 as bf16 subnormals; above: inf / NaN, never a finite wrong value); the
+# kernels multiply their FP32 sums by 2^WINDOW. Per word: 9 ALU-pipe instructions and 9 FMA-pipe ones (integer
+# multiplies, bf16x2 multiplies) where the table takes 15 and 5: the ALU pipe throttled the table's kernels
+# (bench/results/routed_kernels_ncu_rings.md).
+WINDOW = 64
+WINDOW_SCALE = float(2**WINDOW)
+SCALE_BYTES_EXACT = (WINDOW - 5, WINDOW + 128)  # s - 127 - WINDOW >= -133 + 1 for code 0.5; the factor < 2^128
+_PAIR = """        and.b32 t, {src}, {mask};
+        mul.lo.u32 t, t, {mult};
+        and.b32 t, t, 0x81C081C0;
+        mul.rn.bf16x2 p{i}, t, $9;
+"""
+_PAIRS_ASM = (
+    """
+        {
+        .reg .b32 w8, t, p0, p1, p2, p3;
+        shr.b32 w8, $8, 8;
+"""
+    + _PAIR.format(src="$8", mask="0x000F000F", mult=4160, i=0)  # codes 0, 4: << 6 (magnitude), << 12 (sign)
+    + _PAIR.format(src="$8", mask="0x00F000F0", mult=260, i=1)  # codes 1, 5: << 2, << 8
+    + _PAIR.format(src="w8", mask="0x000F000F", mult=4160, i=2)  # codes 2, 6
+    + _PAIR.format(src="w8", mask="0x00F000F0", mult=260, i=3)  # codes 3, 7
+    + """        mov.b32 {$0, $4}, p0;
+        mov.b32 {$1, $5}, p1;
+        mov.b32 {$2, $6}, p2;
+        mov.b32 {$3, $7}, p3;
+        }
+        """
+)
+FP4_PAIRS_BF16_ASM = _PAIRS_ASM  # $8: word, $9: bf16x2 factor; $i: code i (the CPU emulator test checks it)
+_PAIRS_TEXT = gl.constexpr(_PAIRS_ASM)
+_FACTOR_BIAS = gl.constexpr(126 - WINDOW)  # E8M0 byte -> bf16 exponent field of 2^(s - 1 - WINDOW)
+
+
 @gluon.jit
-def _codes_to_bf16(words, scales):
+def _codes_to_bf16(words, factors):
+    """int32 words (8 codes each), int32 bf16x2 factors 2^(s - 1 - WINDOW) -> 8 bf16 tensors (code i of every
+    word times 2^(s - 127 - WINDOW)); codes i and i + 4 come out of one 32-bit register."""
     return gl.inline_asm_elementwise(
-        asm=_LUT8_TEXT, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,r", args=[words, scales],
+        asm=_PAIRS_TEXT, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,r", args=[words, factors],
         dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1,
     )
 
@@ -106,21 +149,22 @@ def _codes_to_bf16(words, scales):
 @gluon.jit
 def to_kappa(x, R: gl.constexpr, BK: gl.constexpr):
     """[R, BK] in k order -> the same values in kappa order (a bit permutation of the index)."""
-    x = gl.reshape(x, [R, 4, 4, 2, 2, 2])  # (r, q, w, c0, h, e)
-    x = gl.permute(x, [0, 2, 3, 4, 1, 5])  # (r, w, c0, h, q, e)
+    x = gl.reshape(x, [R, 4, 4, 2, 2, 2])  # (r, q, w, e, h, c0)
+    x = gl.permute(x, [0, 2, 5, 4, 1, 3])  # (r, w, c0, h, q, e)
     return gl.reshape(x, [R, BK])
 
 
 @gluon.jit
 def dequant_kappa(words, scales, BN: gl.constexpr, BK: gl.constexpr):
     """int32 words [BN, BK/8] (thread q: words 4q .. 4q + 3), int32 scale bytes per word ->
-    [BN, BK] bf16 in kappa order."""
-    o0, o1, o2, o3, o4, o5, o6, o7 = _codes_to_bf16(words, scales)
-    # Output i is code i = 4 c0 + 2 h + e of its word (byte 2 c0 + h). The e join comes last so that
-    # it is the innermost register dimension.
-    y0 = gl.join(gl.join(o0, o2), gl.join(o4, o6))  # [BN, W, h, c0] for e = 0
-    y1 = gl.join(gl.join(o1, o3), gl.join(o5, o7))
-    w = gl.join(y0, y1)  # [BN, W, h, c0, e], W = 4q + w
-    w = gl.reshape(w, [BN, 4, 4, 2, 2, 2])  # (n, q, w, h, c0, e)
-    w = gl.permute(w, [0, 2, 4, 3, 1, 5])  # (n, w, c0, h, q, e)
+    [BN, BK] bf16 in kappa order, times 2^-WINDOW (the caller scales its FP32 sums back)."""
+    factors = gl.minimum(scales + _FACTOR_BIAS, 255) * 0x00800080  # bf16x2 2^(s - 1 - WINDOW); inf from 255
+    o0, o1, o2, o3, o4, o5, o6, o7 = _codes_to_bf16(words, factors)
+    # Output c = 4 e + 2 h + c0 of its word. The e join comes last so that it is the innermost register
+    # dimension: each bf16x2 wgmma register is then one asm register (codes i, i + 4).
+    y0 = gl.join(gl.join(o0, o1), gl.join(o2, o3))  # [BN, W, c0, h] for e = 0
+    y1 = gl.join(gl.join(o4, o5), gl.join(o6, o7))
+    w = gl.join(y0, y1)  # [BN, W, c0, h, e], W = 4q + w
+    w = gl.reshape(w, [BN, 4, 4, 2, 2, 2])  # (n, q, w, c0, h, e)
+    w = gl.permute(w, [0, 2, 3, 4, 1, 5])  # (n, w, c0, h, q, e)
     return gl.reshape(w, [BN, BK])

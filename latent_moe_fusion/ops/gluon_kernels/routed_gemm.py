@@ -33,7 +33,10 @@ from ..triton_kernels.gdc import (
     wait_own_copies_2,
 )
 from ..triton_kernels.numerics import situ
-from .lut_dequant import dequant_kappa, to_kappa
+from .lut_dequant import WINDOW_SCALE, dequant_kappa, to_kappa
+
+# dequant_kappa gives the weights times 2^-WINDOW (lut_dequant.py): the FP32 sums are scaled back, exactly.
+_UNWINDOW = gl.constexpr(WINDOW_SCALE)
 
 # Launch settings (k step, warps per kernel, block rows) live in __init__.py.
 
@@ -359,6 +362,8 @@ def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, w_desc, w_row, sorted_pt
                             NW, STAGES)
     else:
         g, u = _mainloop(wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, a_ptrs, a_mask, k_begin, k_end, True, ROWS, BN, BK, NW)
+    g = g * _UNWINDOW
+    u = u * _UNWINDOW
     on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
     om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma_l))
     if SPLIT == 1:
@@ -393,6 +398,7 @@ def _l2_rows(act_ptr, w_ptrs, s_ptrs, w_desc, w_row, sorted_ptr, pairs_ptr, slic
                                  NW, STAGES)
     else:
         acc, acc2 = _mainloop(w_ptrs, s_ptrs, w_ptrs, s_ptrs, a_ptrs, a_mask, k_begin, k_end, False, ROWS, BN, BK, NW)
+    acc = acc * _UNWINDOW
     if SPLIT > 1:
         pairs_ptr += k_index.to(gl.int64) * slice_stride
     on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
