@@ -146,6 +146,17 @@ def _codes_to_bf16(words, factors):
     )
 
 
+@gluon.constexpr_function
+def words_layout(BN, BK, NW):
+    """int32 words [BN, BK/8]: thread q of a row holds words 4q .. 4q + 3 (16 bytes) and its rows are
+    lane / 4 + {0, 8} of its warp's 16."""
+    warp_bases = [[16, 0], [32, 0]] if NW == 4 else [[16, 0], [32, 0], [64, 0]]
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [8, 0]],
+        lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+        warp_bases=warp_bases, block_bases=[], shape=[BN, BK // 8])
+
+
 @gluon.jit
 def to_kappa(x, R: gl.constexpr, BK: gl.constexpr):
     """[R, BK] in k order -> the same values in kappa order (a bit permutation of the index)."""
