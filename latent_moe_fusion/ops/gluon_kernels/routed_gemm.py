@@ -102,6 +102,22 @@ def _mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, 
 
 
 @gluon.jit
+def _weight_mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, w_desc, w_row, a_ptrs, a_mask, k_begin, k_end,
+                     DUAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr,
+                     RING: gl.constexpr, STAGES: gl.constexpr):
+    """The K loop with the weight words by the loads or through a ring (weight_rings.py); the FP32 sums
+    times 2^WINDOW, undoing the dequantiser's offset (exact)."""
+    if RING == "tma":
+        acc, acc2 = mainloop_tma(w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, DUAL, BM, BN, BK, NW)
+    elif RING == "cp":
+        acc, acc2 = mainloop_cp(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, DUAL, BM, BN, BK, NW,
+                                STAGES)
+    else:
+        acc, acc2 = _mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, DUAL, BM, BN, BK, NW)
+    return acc * _UNWINDOW, acc2 * _UNWINDOW
+
+
+@gluon.jit
 def _k_slice(K, k_index, SPLIT: gl.constexpr, BK: gl.constexpr):
     """This program's K range: all of K, or slice k_index of SPLIT (K a multiple of SPLIT * BK)."""
     if SPLIT == 1:
@@ -129,15 +145,8 @@ def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, w_desc, w_row, sorted_pt
     a_ptrs = z_ptr + tok[:, None].to(gl.int64) * K + ak[None, :]
     a_mask = (pair >= 0)[:, None] & (ak >= 0)[None, :]
     k_begin, k_end = _k_slice(K, k_index, SPLIT, BK)
-    if RING == "tma":
-        g, u = mainloop_tma(w_desc, w_row, sg_ptrs, su_ptrs, a_ptrs, a_mask, k_begin, k_end, True, ROWS, BN, BK, NW)
-    elif RING == "cp":
-        g, u = mainloop_cp(wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, a_ptrs, a_mask, k_begin, k_end, True, ROWS, BN, BK,
-                            NW, STAGES)
-    else:
-        g, u = _mainloop(wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, a_ptrs, a_mask, k_begin, k_end, True, ROWS, BN, BK, NW)
-    g = g * _UNWINDOW
-    u = u * _UNWINDOW
+    g, u = _weight_mainloop(wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, w_desc, w_row, a_ptrs, a_mask, k_begin, k_end, True,
+                            ROWS, BN, BK, NW, RING, STAGES)
     on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
     om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma_l))
     if SPLIT == 1:
@@ -164,15 +173,8 @@ def _l2_rows(act_ptr, w_ptrs, s_ptrs, w_desc, w_row, sorted_ptr, pairs_ptr, slic
     a_ptrs = act_ptr + am[:, None].to(gl.int64) * K + ak[None, :]
     a_mask = (am >= 0)[:, None] & (ak >= 0)[None, :]
     k_begin, k_end = _k_slice(K, k_index, SPLIT, BK)
-    if RING == "tma":
-        acc, acc2 = mainloop_tma(w_desc, w_row, s_ptrs, s_ptrs, a_ptrs, a_mask, k_begin, k_end, False, ROWS, BN, BK,
-                                  NW)
-    elif RING == "cp":
-        acc, acc2 = mainloop_cp(w_ptrs, s_ptrs, w_ptrs, s_ptrs, a_ptrs, a_mask, k_begin, k_end, False, ROWS, BN, BK,
-                                 NW, STAGES)
-    else:
-        acc, acc2 = _mainloop(w_ptrs, s_ptrs, w_ptrs, s_ptrs, a_ptrs, a_mask, k_begin, k_end, False, ROWS, BN, BK, NW)
-    acc = acc * _UNWINDOW
+    acc, _ = _weight_mainloop(w_ptrs, s_ptrs, w_ptrs, s_ptrs, w_desc, w_row, a_ptrs, a_mask, k_begin, k_end, False,
+                              ROWS, BN, BK, NW, RING, STAGES)
     if SPLIT > 1:
         pairs_ptr += k_index.to(gl.int64) * slice_stride
     on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
