@@ -1,4 +1,4 @@
-"""bench/ncu_routed.py reads the metrics and stall reasons of the last profiled kernel of an ncu raw page."""
+"""bench/ncu_routed.py reads the metrics and stall reasons of each kernel's last profiled launch in an ncu raw page."""
 
 from bench.ncu_routed import parse, summarize
 
@@ -28,7 +28,15 @@ def test_parse_keeps_one_row_per_kernel_with_its_metrics():
     assert last["warps_per_sm"] == 1434.0 and last["threads"] == 32
 
 
-def test_summary_takes_the_last_kernel_and_its_main_stalls():
-    row = summarize("1", "default", RAW)
+def test_summary_takes_each_kernels_last_launch_and_its_main_stalls():
+    (row,) = summarize("1", "default", RAW)
     assert (row["M"], row["variant"], row["ncu_us"]) == (1, "default", 33.44)
     assert row["top_stalls"] == "long_scoreboard 1.71; math_pipe_throttle 0.92"  # below 0.1 left out
+
+
+def test_summary_gives_a_row_per_kernel():
+    l2 = RAW.replace("routed_gemv_l1_kernel (3072", "l2_regs_kernel (448").split("\n")
+    l2 = "\n".join(line for line in l2 if "Profiling" not in line)
+    rows = summarize("8", "mma", RAW + l2)
+    assert [r["kernel"] for r in rows] == ["routed_gemv_l1_kernel", "l2_regs_kernel"]
+    assert all(r["ncu_us"] == 33.44 for r in rows)
