@@ -110,3 +110,14 @@ def test_a_bad_ring_override_says_what_it_takes(value, monkeypatch):
         weight_rings(8)
     with pytest.raises(ValueError, match="unknown weight ring 'fast'"):
         ring_for("fast", 28, 1)
+
+
+def test_the_kernel_modules_leave_the_package_functions_alone():
+    """Importing the kernels (what a launch does) must not shadow a package function with a submodule of
+    the same name (a GPU-only failure otherwise: the launchers import them lazily)."""
+    import latent_moe_fusion.ops.gluon_kernels as gk
+    from latent_moe_fusion.ops.gluon_kernels import ring_loops, routed_gemm, routed_gemv  # noqa: F401
+
+    for name in ("weight_rings", "ring_for", "default_rings", "max_registers", "regs_path_reason", "split_reason",
+                 "launch_routed_l1", "launch_routed_l2"):
+        assert callable(getattr(gk, name)), name

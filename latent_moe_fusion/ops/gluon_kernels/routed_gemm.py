@@ -8,7 +8,7 @@ contiguous bytes of its own fragment (lut_dequant.py: the MMA's k order is permu
 for the standard layout), expands them in registers and issues the wgmma with A from registers;
 only the small activation tile [BM, 128] goes through shared memory (double-buffered, stored in the
 permuted order). The weight words come either by 16-byte loads one step ahead (the "loads" loop
-here) or through a ring of shared-memory stages (weight_rings.py: TMA or cp.async).
+here) or through a ring of shared-memory stages (ring_loops.py: TMA or cp.async).
 
 L1 (gate and up, two accumulators, SiTU of the FP32 sums, act rounded once) and L2 (down, FP32 pair
 rows for the combine) as in the Triton kernels; shared-expert tiles are not handled here.
@@ -28,7 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from ..triton_kernels.gdc import prefetch_rows_l2, release_dependents, wait_for_predecessor
 from ..triton_kernels.numerics import situ
 from .lut_dequant import WINDOW_SCALE, dequant_kappa, to_kappa, words_layout
-from .weight_rings import mainloop_cp, mainloop_tma
+from .ring_loops import mainloop_cp, mainloop_tma
 
 # dequant_kappa gives the weights times 2^-WINDOW (lut_dequant.py): the FP32 sums are scaled back, exactly.
 _UNWINDOW = gl.constexpr(WINDOW_SCALE)
@@ -105,7 +105,7 @@ def _mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, 
 def _weight_mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, w_desc, w_row, a_ptrs, a_mask, k_begin, k_end,
                      DUAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr,
                      RING: gl.constexpr, STAGES: gl.constexpr):
-    """The K loop with the weight words by the loads or through a ring (weight_rings.py); the FP32 sums
+    """The K loop with the weight words by the loads or through a ring (ring_loops.py); the FP32 sums
     times 2^WINDOW, undoing the dequantiser's offset (exact)."""
     if RING == "tma":
         acc, acc2 = mainloop_tma(w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, DUAL, BM, BN, BK, NW)
