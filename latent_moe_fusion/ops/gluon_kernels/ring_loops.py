@@ -27,8 +27,8 @@ from .lut_dequant import dequant_kappa, to_kappa, words_layout
 
 @gluon.jit
 def _load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k, DUAL: gl.constexpr):
-    """One k step's scale bytes (and the second tile's if DUAL) and activation tile (the ring's weights
-    arrive by TMA)."""
+    """One k step's scale bytes (and the second tile's if DUAL) and activation tile (its weight words come
+    through the ring)."""
     sc = gl.load(s_ptrs + k // 32)
     sc2 = sc
     if DUAL:
@@ -115,12 +115,12 @@ def _tma_step(u: gl.constexpr, i, ws, rs, bs, w_desc, w_row, s_ptrs, s2_ptrs, a_
 
 @gluon.jit
 def mainloop_tma(w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, DUAL: gl.constexpr,
-                  BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
+                 BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
     """_mainloop with the weight words streamed by TMA through a ring of 4 shared-memory stages (3 k
     steps ahead per program, independent of registers) instead of 16-byte loads one step ahead. Unrolled
     by 4, every stage and barrier its own allocation: one CTA barrier per step. The K range must hold a
-    whole number of rounds (the launcher takes the loads otherwise: a guarded last round costs registers
-    and time in the whole kernel, bench/results/routed_ring.md)."""
+    whole number of rounds (the launcher takes the loads otherwise: a guarded last round cost registers
+    and time in the whole kernel, run 10 of bench/results/producer_notes.md)."""
     STAGES: gl.constexpr = 4
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
     b_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
