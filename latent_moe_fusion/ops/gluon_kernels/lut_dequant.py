@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma
 
 # One half of a word: 4 codes -> two bf16x2 pairs times the scale, each handed out as two outputs: 16-bit
 # halves ({out}: "split"), or FP32 values, the bf16 bits widened ("f32": for CUDA-core FMAs, which take FP32
@@ -179,3 +180,14 @@ def dequant_kappa(words, scales, BN: gl.constexpr, BK: gl.constexpr):
     w = gl.reshape(w, [BN, 4, 4, 2, 2, 2])  # (n, q, w, c0, h, e)
     w = gl.permute(w, [0, 2, 3, 4, 1, 5])  # (n, w, c0, h, q, e)
     return gl.reshape(w, [BN, BK])
+
+
+@gluon.jit
+def dequant_mma(words, scales, buf, acc, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
+    """acc [BN, BM] += dequant_kappa(words, scales) @ buf^T: the dequantised tile straight from registers as
+    the wgmma's A operand (the conversion to its layout must be free: assert_trivial), the activation
+    tile buf [BM, BK] (kappa order) from shared memory."""
+    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
+    a_reg = gl.convert_layout(dequant_kappa(words, scales.to(gl.int32), BN, BK), a_l, assert_trivial=True)
+    return warpgroup_mma(a_reg, buf.permute((1, 0)), acc)

@@ -19,10 +19,10 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from ..triton_kernels.gdc import wait_own_copies_0, wait_own_copies_2
-from .lut_dequant import dequant_kappa, to_kappa, words_layout
+from .lut_dequant import dequant_mma, to_kappa, words_layout
 
 
 @gluon.jit
@@ -81,8 +81,6 @@ def _tma_step(u: gl.constexpr, i, ws, rs, bs, w_desc, w_row, s_ptrs, s2_ptrs, a_
               sc, sc2, act, acc, acc2, DUAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
               NW: gl.constexpr):
     STAGES: gl.constexpr = 4
-    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
     words_l: gl.constexpr = words_layout(BN, BK, NW)
     k_nx = gl.multiple_of(gl.minimum(k_begin + (i + 1) * BK, k_end - BK), BK)  # the last step reloads itself
     sc_nx, sc2_nx, act_nx = _load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_nx, DUAL)
@@ -105,11 +103,9 @@ def _tma_step(u: gl.constexpr, i, ws, rs, bs, w_desc, w_row, s_ptrs, s2_ptrs, a_
     tma.async_copy_global_to_shared(w_desc, _ring_coord(w_row, k_begin + refill * BK, DUAL), rs[prev], ws[prev],
                                     pred=(i >= 1) & (refill < n_steps))
     mbarrier.expect(rs[u], w_desc.block_type.nbytes, pred=i + STAGES < n_steps)
-    a_reg = gl.convert_layout(dequant_kappa(wd, sc.to(gl.int32), BN, BK), a_l, assert_trivial=True)
-    acc = warpgroup_mma(a_reg, buf.permute((1, 0)), acc)
+    acc = dequant_mma(wd, sc, buf, acc, BM, BN, BK, NW)
     if DUAL:
-        a_reg2 = gl.convert_layout(dequant_kappa(wd2, sc2.to(gl.int32), BN, BK), a_l, assert_trivial=True)
-        acc2 = warpgroup_mma(a_reg2, buf.permute((1, 0)), acc2)
+        acc2 = dequant_mma(wd2, sc2, buf, acc2, BM, BN, BK, NW)
     return sc_nx, sc2_nx, act_nx, acc, acc2
 
 
@@ -153,8 +149,6 @@ def _copy_words(dest, w_ptrs, k, live):
 def _cp_step(u: gl.constexpr, i, ws, ws2, bs, w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, n_steps,
              sc, sc2, act, acc, acc2, DUAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
              BK: gl.constexpr, NW: gl.constexpr, STAGES: gl.constexpr):
-    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
     words_l: gl.constexpr = words_layout(BN, BK, NW)
     k_nx = gl.multiple_of(gl.minimum(k_begin + (i + 1) * BK, k_end - BK), BK)  # the last step reloads itself
     sc_nx, sc2_nx, act_nx = _load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_nx, DUAL)
@@ -176,13 +170,9 @@ def _cp_step(u: gl.constexpr, i, ws, ws2, bs, w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, 
     if DUAL:
         _copy_words(ws2[(u + STAGES - 1) % STAGES], w2_ptrs, k_fill, live)
     async_copy.commit_group()
-    wd = ws[u].load(words_l)
-    a_reg = gl.convert_layout(dequant_kappa(wd, sc.to(gl.int32), BN, BK), a_l, assert_trivial=True)
-    acc = warpgroup_mma(a_reg, buf.permute((1, 0)), acc)
+    acc = dequant_mma(ws[u].load(words_l), sc, buf, acc, BM, BN, BK, NW)
     if DUAL:
-        wd2 = ws2[u].load(words_l)
-        a_reg2 = gl.convert_layout(dequant_kappa(wd2, sc2.to(gl.int32), BN, BK), a_l, assert_trivial=True)
-        acc2 = warpgroup_mma(a_reg2, buf.permute((1, 0)), acc2)
+        acc2 = dequant_mma(ws2[u].load(words_l), sc2, buf, acc2, BM, BN, BK, NW)
     return sc_nx, sc2_nx, act_nx, acc, acc2
 
 

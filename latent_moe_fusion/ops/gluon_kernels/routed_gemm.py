@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 
 from ..triton_kernels.gdc import prefetch_rows_l2, release_dependents, wait_for_predecessor
 from ..triton_kernels.numerics import situ
-from .lut_dequant import WINDOW_SCALE, dequant_kappa, to_kappa, words_layout
+from .lut_dequant import WINDOW_SCALE, dequant_mma, to_kappa, words_layout
 from .ring_loops import mainloop_cp, mainloop_tma
 
 # dequant_kappa gives the weights times 2^-WINDOW (lut_dequant.py): the FP32 sums are scaled back, exactly.
@@ -53,18 +53,14 @@ def _weight_ptrs(w_ptr, s_ptr, expert, row0, row_words, row_scales, stride_we, s
 @gluon.jit
 def _step(wd, sc, wd2, sc2, act, buf, acc, acc2, DUAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
           BK: gl.constexpr, NW: gl.constexpr):
-    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
     buf.store(to_kappa(act, BM, BK))
     fence_async_shared()
     # One barrier per step: a buffer is rewritten two steps later, after every warp passed the next
     # step's barrier and so finished this step's (synchronous) wgmma.
     gl.thread_barrier()
-    a_reg = gl.convert_layout(dequant_kappa(wd, sc.to(gl.int32), BN, BK), a_l, assert_trivial=True)
-    acc = warpgroup_mma(a_reg, buf.permute((1, 0)), acc)
+    acc = dequant_mma(wd, sc, buf, acc, BM, BN, BK, NW)
     if DUAL:
-        a_reg2 = gl.convert_layout(dequant_kappa(wd2, sc2.to(gl.int32), BN, BK), a_l, assert_trivial=True)
-        acc2 = warpgroup_mma(a_reg2, buf.permute((1, 0)), acc2)
+        acc2 = dequant_mma(wd2, sc2, buf, acc2, BM, BN, BK, NW)
     return acc, acc2
 
 
