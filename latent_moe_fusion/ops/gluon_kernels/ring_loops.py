@@ -26,9 +26,9 @@ from .lut_dequant import dequant_mma, to_kappa, words_layout
 
 
 @gluon.jit
-def _load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k, DUAL: gl.constexpr):
-    """One k step's scale bytes (and the second tile's if DUAL) and activation tile (its weight words come
-    through the ring)."""
+def load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k, DUAL: gl.constexpr):
+    """One k step's scale bytes (and the second tile's if DUAL) and activation tile: what each loop loads
+    beside its weight words."""
     sc = gl.load(s_ptrs + k // 32)
     sc2 = sc
     if DUAL:
@@ -83,7 +83,7 @@ def _tma_step(u: gl.constexpr, i, ws, rs, bs, w_desc, w_row, s_ptrs, s2_ptrs, a_
     STAGES: gl.constexpr = 4
     words_l: gl.constexpr = words_layout(BN, BK, NW)
     k_nx = gl.multiple_of(gl.minimum(k_begin + (i + 1) * BK, k_end - BK), BK)  # the last step reloads itself
-    sc_nx, sc2_nx, act_nx = _load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_nx, DUAL)
+    sc_nx, sc2_nx, act_nx = load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_nx, DUAL)
     mbarrier.wait(rs[u], (i // STAGES) & 1)
     wd = _tile_words(ws[u], 0, DUAL, words_l)
     wd2 = wd
@@ -131,7 +131,7 @@ def mainloop_tma(w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end,
                                         pred=st < n_steps)
     acc = gl.zeros([BN, BM], gl.float32, layout=mma_l)
     acc2 = gl.zeros([BN, BM], gl.float32, layout=mma_l)
-    sc, sc2, act = _load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, DUAL)
+    sc, sc2, act = load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, DUAL)
     for i0 in range(0, n_steps, STAGES):
         for u in gl.static_range(STAGES):
             sc, sc2, act, acc, acc2 = _tma_step(u, i0 + u, ws, rs, bs, w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask,
@@ -151,7 +151,7 @@ def _cp_step(u: gl.constexpr, i, ws, ws2, bs, w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, 
              BK: gl.constexpr, NW: gl.constexpr, STAGES: gl.constexpr):
     words_l: gl.constexpr = words_layout(BN, BK, NW)
     k_nx = gl.multiple_of(gl.minimum(k_begin + (i + 1) * BK, k_end - BK), BK)  # the last step reloads itself
-    sc_nx, sc2_nx, act_nx = _load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_nx, DUAL)
+    sc_nx, sc2_nx, act_nx = load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_nx, DUAL)
     if STAGES == 2:  # this thread's copies of step i have landed
         wait_own_copies_0()
     else:
@@ -215,7 +215,7 @@ def mainloop_cp(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end
         async_copy.commit_group()
     acc = gl.zeros([BN, BM], gl.float32, layout=mma_l)
     acc2 = gl.zeros([BN, BM], gl.float32, layout=mma_l)
-    sc, sc2, act = _load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, DUAL)
+    sc, sc2, act = load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, DUAL)
     for i0 in range(0, n_steps, STAGES):
         for u in gl.static_range(STAGES):
             sc, sc2, act, acc, acc2 = _cp_step(u, i0 + u, ws, ws2, bs, w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask,

@@ -28,7 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 from ..triton_kernels.gdc import prefetch_rows_l2, release_dependents, wait_for_predecessor
 from ..triton_kernels.numerics import situ
 from .lut_dequant import WINDOW_SCALE, dequant_mma, to_kappa, words_layout
-from .ring_loops import mainloop_cp, mainloop_tma
+from .ring_loops import load_scales_act, mainloop_cp, mainloop_tma
 
 # dequant_kappa gives the weights times 2^-WINDOW (lut_dequant.py): the FP32 sums are scaled back, exactly.
 _UNWINDOW = gl.constexpr(WINDOW_SCALE)
@@ -68,13 +68,11 @@ def _step(wd, sc, wd2, sc2, act, buf, acc, acc2, DUAL: gl.constexpr, BM: gl.cons
 def _load_step(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k, DUAL: gl.constexpr):
     """One k step's operands: weight words and scales (and the second tile's if DUAL), activation tile."""
     wd = gl.load(w_ptrs + k // 8)
-    sc = gl.load(s_ptrs + k // 32)
     wd2 = wd
-    sc2 = sc
     if DUAL:
         wd2 = gl.load(w2_ptrs + k // 8)
-        sc2 = gl.load(s2_ptrs + k // 32)
-    return wd, sc, wd2, sc2, gl.load(a_ptrs + k, mask=a_mask, other=0.0)
+    sc, sc2, act = load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k, DUAL)
+    return wd, sc, wd2, sc2, act
 
 
 @gluon.jit
