@@ -6,7 +6,7 @@ import pytest
 
 from latent_moe_fusion.ops.gluon_kernels.lut_dequant import FP4_LUT8_ASM
 from latent_moe_fusion.ops.triton_kernels.weight_tiles import FP4_LUT_ASM, FP4_PAIRS_ASM
-from tests.ptx_emulator import run_ptx
+from tests.ptx_emulator import _bf16_bits_to_f32, run_ptx
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
@@ -85,6 +85,3 @@ def test_pairs_bf16_gives_every_code_times_its_scale_within_the_window():
                 else:
                     assert not np.isfinite(got), f"scale {scale} k {k} code {code}: finite {got}"
 
-
-def _bf16_bits_to_f32(h: int) -> np.float32:
-    return np.array([h << 16], dtype=np.uint32).view(np.float32)[0]

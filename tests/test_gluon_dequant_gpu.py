@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 
 pytestmark = [
     pytest.mark.gpu,
@@ -45,9 +46,9 @@ def test_every_code_position_and_scale_byte_on_the_gpu(rng_seed):
     words = torch.tensor(structured + torch.randint(0, 2**32, (96,), generator=gen).tolist(), dtype=torch.int64)
     words = words.repeat(256)  # every word under every scale byte
     scales = torch.arange(256).repeat_interleave(len(words) // 256)
-    w32 = words.to(torch.int64).where(words < 2**31, words - 2**32).to(torch.int32)
+    w32 = words.where(words < 2**31, words - 2**32).to(torch.int32)
     out = torch.full((len(words), 8), float("nan"), dtype=torch.bfloat16, device="cuda")
-    _kernel()[(triton_cdiv(len(words), 128),)](w32.cuda(), scales.to(torch.uint8).cuda(), out, len(words), BLOCK=128,
+    _kernel()[(triton.cdiv(len(words), 128),)](w32.cuda(), scales.to(torch.uint8).cuda(), out, len(words), BLOCK=128,
                                                num_warps=4)
     got = out.float().cpu().double() * 2.0**WINDOW
     codes = (words[:, None] >> (4 * torch.arange(8))) & 0xF
@@ -59,6 +60,3 @@ def test_every_code_position_and_scale_byte_on_the_gpu(rng_seed):
     assert (got[below] - exact[below]).abs().max() <= 2.0 ** (-133 + WINDOW - 1)  # rounded towards 0
     assert not torch.isfinite(got[scales > hi]).any()  # never a finite wrong value
 
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
