@@ -7,7 +7,7 @@ share at decode); every variant's output must be bitwise the first one's (same M
 dequantisation). The routed op is timed by CUDA-graph replay over rotating input sets, L1 / L2 per
 kernel by the profiler, each against its floor (MXFP4 bytes of the experts hit / copy bandwidth).
 
-    PYTHONPATH=. python3 bench/routed_ring.py --out DIR [--m 8 32 128] [--rings loads tma,cp4] [--split 1,1]
+    PYTHONPATH=. python3 bench/routed_ring.py --out DIR [--m 8 32 128] [--rings loads tma,cp4] [--split 1,1 2,1]
 """
 
 from __future__ import annotations
@@ -34,33 +34,35 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="+", default=[8, 32, 128])
     ap.add_argument("--rings", nargs="+", default=["loads", "cp2", "cp4", "tma", "tma,cp4"],
                     help=f"{RING_ENV} values (L1 and L2 alike, or L1,L2); the first is the bitwise reference")
-    ap.add_argument("--split", default="1,1", help="K slices of L1,L2 (ProducerConfig.regs_split)")
+    ap.add_argument("--split", nargs="+", default=["1,1"], help="K slices of L1,L2 (ProducerConfig.regs_split), "
+                    "each with every ring")
     ap.add_argument("--name", default="routed_ring")
     args = ap.parse_args()
-    split = tuple(int(v) for v in args.split.split(","))
     bw = measure_ceilings()["copy_bytes_per_s"]
     rows = []
     for dc in decode_cases(args.m, 23, bw):
         if dc.routing != "1 token/row" or dc.m not in args.m:
             continue
-        case, cfg = dc.case, replace(dc.picked, routed_regs=True, routed_gemv=False, regs_split=split)
-        base = None
-        for ring in args.rings:
-            with env_applied({RING_ENV: ring}):
-                out = case.routed_only(0, cfg)
-                torch.cuda.synchronize()
-                base = out.clone() if base is None else base
-                us = time_graph_ms(lambda i: case.routed_only(i, cfg), len(case.sets)) * 1e3
-                times = routed_kernel_us(case, cfg)
-            # L1 with its K-slice finish (ordered slice sum + SiTU) where split
-            l1 = times.get("l1_regs_kernel", float("nan")) + times.get("l1_finish_kernel", 0.0)
-            l2 = times.get("l2_regs_kernel", float("nan"))
-            row = {"M": dc.m, "ring": ring, "split": args.split, "experts_hit": dc.hit, "routed_us": us, "l1_us": l1, "l2_us": l2,
-                   "l1_floor_us": dc.l1_floor_us, "l2_floor_us": dc.l2_floor_us,
-                   "l1_x_floor": l1 / dc.l1_floor_us, "l2_x_floor": l2 / dc.l2_floor_us,
-                   "bitwise_first": bool(torch.equal(out, base)), "err": rel_l2(out, dc.ref)}
-            rows.append(row)
-            print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+        for split_arg in args.split:
+            split = tuple(int(v) for v in split_arg.split(","))
+            case, cfg = dc.case, replace(dc.picked, routed_regs=True, routed_gemv=False, regs_split=split)
+            base = None
+            for ring in args.rings:
+                with env_applied({RING_ENV: ring}):
+                    out = case.routed_only(0, cfg)
+                    torch.cuda.synchronize()
+                    base = out.clone() if base is None else base
+                    us = time_graph_ms(lambda i: case.routed_only(i, cfg), len(case.sets)) * 1e3
+                    times = routed_kernel_us(case, cfg)
+                # L1 with its K slices finished in the kernel; the count buffer's memset is not counted
+                l1 = times.get("l1_regs_kernel", float("nan"))
+                l2 = times.get("l2_regs_kernel", float("nan"))
+                row = {"M": dc.m, "ring": ring, "split": split_arg, "experts_hit": dc.hit, "routed_us": us, "l1_us": l1,
+                       "l2_us": l2, "l1_floor_us": dc.l1_floor_us, "l2_floor_us": dc.l2_floor_us,
+                       "l1_x_floor": l1 / dc.l1_floor_us, "l2_x_floor": l2 / dc.l2_floor_us,
+                       "bitwise_first": bool(torch.equal(out, base)), "err": rel_l2(out, dc.ref)}
+                rows.append(row)
+                print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
     cols = ["M", "ring", "split", "experts_hit", "routed_us", "l1_us", "l1_floor_us", "l1_x_floor", "l2_us", "l2_floor_us",
             "l2_x_floor", "bitwise_first", "err"]
     meta = environment() | {
@@ -73,7 +75,7 @@ def main() -> None:
                         "stages; tma = TMA ring of 4 stages). split: K slices of L1,L2. routed_us: the routed op (grouping, L1, L2, combine), CUDA-graph replay "
                         "over 4 rotating input sets. l1_us / l2_us: profiler kernel time. Floors: MXFP4 codes + "
                         "scales of the experts hit over the measured copy bandwidth. bitwise_first: output equal "
-                        "to the first ring's bit for bit (every ring, same split). err: rel. L2 vs routed_experts_math (FP32).")
+                        "to the first ring's bit for bit (every ring, same split: the slices fall on the same steps). err: rel. L2 vs routed_experts_math (FP32).")
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ def test_a_given_regs_config_that_cannot_run_says_why():
         expert_schedule.run_experts(*p.routed_args(), config=cfg)
 
 
-def test_regs_k_slices_for_a_single_token_only(hopper, monkeypatch):
+def test_regs_k_slices_for_a_single_token_by_default_and_anywhere_by_override(hopper, monkeypatch):
     monkeypatch.delenv(producer_config.REGS_SPLIT_ENV, raising=False)
 
     def split(pairs):
@@ -102,8 +102,8 @@ def test_regs_k_slices_for_a_single_token_only(hopper, monkeypatch):
 
     assert split(16) == producer_config.REGS_DECODE_SPLIT
     assert split(2 * 16) == (1, 1) and split(128 * 16) == (1, 1)
-    monkeypatch.setenv(producer_config.REGS_SPLIT_ENV, "4,2")
-    assert split(16) == (4, 2) and split(2 * 16) == (1, 1)
+    monkeypatch.setenv(producer_config.REGS_SPLIT_ENV, "3,2")
+    assert split(16) == (3, 2) and split(8 * 16) == (3, 2) and split(128 * 16) == (3, 2)
 
 
 @pytest.mark.parametrize("forced,match", [("4", "two slice counts"), ("a,b", "two slice counts"),

@@ -35,7 +35,7 @@ from ..streams import side_stream
 from .combine import launch_combine
 from .expert_gemm import l1_kernel, l2_kernel
 from .moe_align import group_by_expert, max_blocks
-from .producer_config import ProducerConfig, config_context, interpreting, pick_config
+from .producer_config import SPLIT_K_MAX_PAIRS, ProducerConfig, config_context, interpreting, pick_config
 from .routed_gemv import launch_routed_gemv, routed_gemv_reason, routed_gemv_setting
 from .shared_by_library import shared_by_library
 from .split_k import launch_l1_finish
@@ -332,9 +332,9 @@ def run_experts(
             )
     if regs:
         # PDL (ops/pdl.py): L2 follows L1 directly unless the shared GEMMs run in line between them.
-        # PDL only for a single token's K-split chain: from M = 8 on, L2's waiting programs hold SM slots
+        # PDL only for a single token's chain (a few programs): from M = 8 on, L2's waiting programs hold SM slots
         # that L1's many blocks need (H200: +9 us at M = 8, -1 to -2 us at M = 1; decode_tuning.md).
-        pdl = use_pdl("routed", dev) and not in_line_library and cfg.regs_split != (1, 1)
+        pdl = use_pdl("routed", dev) and not in_line_library and num_pairs <= SPLIT_K_MAX_PAIRS
         if grouping is None:
             grouping = group_by_expert(topk_ids, num_experts, bm)
         sorted_pairs, block_expert = grouping.sorted_pairs, grouping.block_expert

@@ -113,12 +113,11 @@ REGS_DECODE_SPLIT = (4, 2)
 
 
 def regs_decode_split(num_pairs: int) -> tuple[int, int]:
-    """K slices of the register-dequant kernels: split for a single token (few programs), never beyond."""
-    if num_pairs > SPLIT_K_MAX_PAIRS:
-        return (1, 1)
+    """K slices of the register-dequant kernels: split for a single token (few programs), never beyond;
+    REGS_SPLIT_ENV overrides the choice at any size (tuning)."""
     forced = os.environ.get(REGS_SPLIT_ENV)
     if not forced:
-        return REGS_DECODE_SPLIT
+        return REGS_DECODE_SPLIT if num_pairs <= SPLIT_K_MAX_PAIRS else (1, 1)
     try:
         l1, l2 = (int(v) for v in forced.split(","))
     except ValueError:
