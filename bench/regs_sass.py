@@ -33,7 +33,7 @@ BM = gk.BLOCK_ROWS[0]
 LATENT, INTER = 3584, 3072
 
 L1_SIG = {"z_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*u8", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
-          "act_ptr": "*bf16", "h_part_ptr": "*fp32", "count_ptr": "*i32", "n_rows": "i32", "inter": "i32", "K": "i32", "row_words": "i32", "row_scales": "i32", "top_k": "i32",
+          "act_ptr": "*bf16", "h_part_ptr": "*fp32", "n_rows": "i32", "inter": "i32", "K": "i32", "row_words": "i32", "row_scales": "i32", "top_k": "i32",
           "stride_we": "i32", "stride_se": "i32", "beta": "fp32", "lin_beta": "fp32"}
 L2_SIG = {"act_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*u8", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
           "pairs_ptr": "*fp32", "slice_stride": "i32", "latent": "i32", "K": "i32", "row_words": "i32", "row_scales": "i32",
@@ -48,9 +48,7 @@ def compile_sm90(which: str, split: int = 1, ring: str = "loads") -> triton.comp
     # Integer arguments the launcher passes are multiples of 16 at these sizes (what the JIT specialises on).
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items()) if t != "fp32" and n != "top_k"}
     kind, stages = gk.WEIGHT_RINGS[ring]
-    k_steps = (LATENT if which == "l1" else INTER) // gk.STEP_K
-    constexprs = {"BM": BM, "BK": gk.STEP_K, "SPLIT": split, "num_warps": warps, "RING": kind, "STAGES": stages,
-                  "ROUND": gk.slice_round(k_steps, split)}
+    constexprs = {"BM": BM, "BK": gk.STEP_K, "SPLIT": split, "num_warps": warps, "RING": kind, "STAGES": stages}
     if kind == "tma":  # the launcher's descriptor (gluon_kernels._words_descriptor)
         rows = 16 * warps
         box = f"2, {rows}, {gk.STEP_K // 8}" if which == "l1" else f"{rows}, {gk.STEP_K // 8}"
@@ -59,7 +57,7 @@ def compile_sm90(which: str, split: int = 1, ring: str = "loads") -> triton.comp
     else:
         desc, constexprs["w_desc"] = "constexpr", None
     sig = dict(sig, w_desc=desc, BM="constexpr", BK="constexpr", SPLIT="constexpr", num_warps="constexpr",
-               RING="constexpr", STAGES="constexpr", ROUND="constexpr")
+               RING="constexpr", STAGES="constexpr")
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     cap = gk.max_registers(which, kind)
     options = {"num_warps": warps} | ({"maxnreg": cap} if cap else {})
@@ -98,8 +96,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
-    # whole K and 2 slices (L1 finishing them in the kernel) on every ring
-    rows = [loop_stats(w, split, ring) for ring in gk.WEIGHT_RINGS for split in (1, 2) for w in ("l1", "l2")]
+    # K slices (a single token's split) always take the loads (gluon_kernels.ring_for)
+    rows = [loop_stats(w, split, ring) for ring in gk.WEIGHT_RINGS for split in ((1, 2) if ring == "loads" else (1,))
+            for w in ("l1", "l2")]
     for r in rows:
         print(r, flush=True)
     lines = [f"# Gluon register-dequant kernels: static SASS of the main loop (sm_90, triton {triton.__version__})", "",

@@ -54,8 +54,8 @@ def main() -> None:
                     base = out.clone() if base is None else base
                     us = time_graph_ms(lambda i: case.routed_only(i, cfg), len(case.sets)) * 1e3
                     times = routed_kernel_us(case, cfg)
-                # L1 with its K slices finished in the kernel; the count buffer's memset is not counted
-                l1 = times.get("l1_regs_kernel", float("nan"))
+                # L1 with its K-slice finish (ordered slice sum + SiTU) where split
+                l1 = times.get("l1_regs_kernel", float("nan")) + times.get("l1_finish_kernel", 0.0)
                 l2 = times.get("l2_regs_kernel", float("nan"))
                 row = {"M": dc.m, "ring": ring, "split": split_arg, "experts_hit": dc.hit, "routed_us": us, "l1_us": l1,
                        "l2_us": l2, "l1_floor_us": dc.l1_floor_us, "l2_floor_us": dc.l2_floor_us,

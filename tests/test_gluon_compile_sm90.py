@@ -20,9 +20,10 @@ def test_register_dequant_kernels_compile_for_sm90_with_register_operands(tmp_pa
     done = run_compiled([str(ROOT / "bench" / "regs_sass.py"), "--out", str(tmp_path)], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((tmp_path / "regs_sass.json").read_text())
-    # both kernels, whole K and cut into 2 slices (L1 finishing them itself), for every weight ring
+    # both kernels, whole K and cut into 2 slices (the single-token split), for every weight ring
     assert sorted((r["kernel"], r["ring"], r["k_slices"]) for r in rows) == sorted(
-        (f"{w}_regs_kernel", ring, split) for w in ("l1", "l2") for ring in WEIGHT_RINGS for split in (1, 2)), rows
+        (f"{w}_regs_kernel", ring, split) for w in ("l1", "l2") for ring in WEIGHT_RINGS
+        for split in ((1, 2) if ring == "loads" else (1,))), rows
     for r in rows:
         l1 = r["kernel"] == "l1_regs_kernel"
         name = f"{r['kernel']} ({r['ring']}, {r['k_slices']} K slices)"
@@ -34,10 +35,6 @@ def test_register_dequant_kernels_compile_for_sm90_with_register_operands(tmp_pa
         allowed = 8 if (r["kernel"], r["ring"]) == ("l2_regs_kernel", "tma") else 0
         if r["k_slices"] == 1:
             assert r["spills"] <= allowed, f"{name} spills registers: {r}"
-        elif (r["kernel"], r["ring"]) not in (("l2_regs_kernel", "tma"), ("l2_regs_kernel", "loads")):
-            # what K slices run: L1 on any ring, L2 on the cp.async rings (default_rings; its TMA ring spills 56
-            # there and its loads 2, a single token's rare path)
-            assert r["spills"] == 0, f"{name} spills registers: {r}"
         act_stores = 16 * 128 * 2 // (r["warps"] * 32) // 4  # activation tile in 4-byte stores at most
         assert 0 < r["STS"] <= act_stores, f"{name}: {r['STS']} shared stores per step: {r['top']}"
         if r["ring"] == "loads":

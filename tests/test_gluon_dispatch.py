@@ -50,30 +50,8 @@ def test_k_slices_must_be_whole_steps():
 
     assert split_reason((2, 2), 3584, 3072) is None
     assert split_reason((7, 3), 3584, 3072) is None  # 28 and 24 steps of 128
-    assert split_reason((3, 5), 3584, 3072) is None  # uneven slices of whole steps
-    assert f"L1 K = 3584 does not cut into 29 slices of whole {STEP_K}" in split_reason((29, 1), 3584, 3072)
-    assert "L2 K = 3000 does not cut into 1 slices" in split_reason((1, 1), 3584, 3000)
-    assert "L1 K = 3584 does not cut into 0 slices" in split_reason((0, 1), 3584, 3072)
-
-
-def test_k_slices_fall_on_whole_ring_rounds_where_k_allows():
-    """slice_bounds (the host copy of routed_gemm._k_slice): contiguous, non-empty, covering K, on whole
-    rounds of SLICE_ROUND steps where K holds one per slice, single steps otherwise."""
-    from latent_moe_fusion.ops.gluon_kernels import SLICE_ROUND, slice_bounds, slice_round
-
-    assert SLICE_ROUND == 4
-    assert slice_bounds(28, 1) == [(0, 28)]
-    assert slice_bounds(28, 2) == [(0, 12), (12, 28)]  # L1 at L = 3584: 12 + 16 steps, not 14 + 14
-    assert slice_bounds(24, 2) == [(0, 12), (12, 24)]
-    assert slice_bounds(28, 4) == [(0, 4), (4, 12), (12, 20), (20, 28)]
-    assert slice_bounds(28, 8) == [(0, 3), (3, 7), (7, 10), (10, 14), (14, 17), (17, 21), (21, 24), (24, 28)]
-    for steps in range(1, 65):
-        for split in range(1, steps + 1):
-            bounds = slice_bounds(steps, split)
-            assert bounds[0][0] == 0 and bounds[-1][1] == steps and len(bounds) == split
-            assert all(b > a for a, b in bounds) and all(x[1] == y[0] for x, y in zip(bounds[:-1], bounds[1:], strict=True))
-            r = slice_round(steps, split)
-            assert all(a % r == 0 for a, _ in bounds)
+    assert f"L1 K = 3584 does not cut into 3 slices of whole {STEP_K}" in split_reason((3, 1), 3584, 3072)
+    assert "L2 K = 3072 does not cut into 5 slices" in split_reason((1, 5), 3584, 3072)
 
 
 def test_merged_gate_up_views_are_found_adjacent():
@@ -107,8 +85,8 @@ def test_shared_expert_by_library_with_merged_or_separate_gate_up(merged):
 
 
 def test_weight_rings_by_pairs_and_by_override(monkeypatch):
-    """The measured ring choice (L2 leaves the TMA ring past L2_TMA_MAX_PAIRS and in K slices), the override
-    in one or two names, and the loads where a ring cannot run: K ranges or slices short of whole rounds."""
+    """The measured ring choice (L2 leaves the TMA ring past L2_TMA_MAX_PAIRS), the override in one or two
+    names, and the loads where a ring cannot run: K ranges short of whole rounds, K slices."""
     from latent_moe_fusion.ops.gluon_kernels import L2_TMA_MAX_PAIRS, RING_ENV, ring_for, weight_rings
 
     monkeypatch.delenv(RING_ENV, raising=False)
@@ -120,12 +98,7 @@ def test_weight_rings_by_pairs_and_by_override(monkeypatch):
     assert weight_rings(4096) == ("loads", "cp4")
     assert ring_for("tma", 28, 1) == "tma" and ring_for("cp2", 14, 1) == "cp2"
     assert ring_for("tma", 14, 1) == "loads" and ring_for("cp4", 7, 1) == "loads"
-    # K slices on whole rounds: 12 + 16 and 12 + 12 steps, 4 of 4 / 8 / 8 / 8, 7 of 4
-    assert ring_for("tma", 28, 2) == "tma" and ring_for("cp4", 24, 2) == "cp4" and ring_for("cp2", 28, 4) == "cp2"
-    assert ring_for("tma", 28, 7) == "tma"
-    assert ring_for("tma", 28, 8) == "loads" and ring_for("cp2", 28, 8) == "loads"  # slices of 3 and 4 steps
-    monkeypatch.delenv(RING_ENV)
-    assert weight_rings(128, l2_split=2) == ("tma", "cp4")  # L2's TMA ring spills in K slices
+    assert ring_for("tma", 28, 2) == "loads"  # K slices take the loads
 
 
 @pytest.mark.parametrize("value", ["tma,cp4,loads", "fast", "tma,", "4"])

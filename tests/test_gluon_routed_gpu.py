@@ -121,7 +121,6 @@ def test_capture_and_replay_with_the_side_stream(monkeypatch, rng_seed):
 
 
 SPLIT_CASES = [(KIMI_RANK, 1, (2, 2)), (KIMI_RANK, 1, (4, 4)), (KIMI_RANK, 1, (7, 3)), (KIMI_RANK, 2, (2, 1)),
-               (KIMI_RANK, 8, (2, 2)), (KIMI_RANK, 16, (3, 2)), (KIMI_RANK, 8, (8, 1)),
                (SMALL, 32, (2, 2)), (SMALL, 32, (4, 1))]  # SMALL at 32 tokens: 32-row blocks
 
 
@@ -200,10 +199,8 @@ def test_a_picked_split_that_does_not_cut_k_runs_whole_k(monkeypatch, rng_seed):
     assert rel_l2(y.cpu(), ref64) < tolerance(torch.bfloat16)
 
 
-# L1 / L2 K = 28 / 24 steps: in 4 slices 4 + 8 + 8 + 8, in 2 12 + 16 and 12 + 12, in 3 (L2) 8 each, in 8
-# (L1) 3 and 4 (the loads); SMALL: 4 / 2 steps
 RING_CASES = [(KIMI_RANK, 8, (1, 1)), (KIMI_RANK, 16, (1, 1)), (KIMI_RANK, 2, (4, 2)), (KIMI_RANK, 2, (2, 3)),
-              (KIMI_RANK, 8, (2, 2)), (KIMI_RANK, 8, (8, 1)), (SMALL, 8, (1, 1)), (SMALL, 32, (2, 2))]
+              (SMALL, 8, (1, 1)), (SMALL, 32, (2, 2))]  # 28 / 7 / 14 and 24 / 12 / 8 steps; SMALL: 4 / 2 steps
 
 
 @pytest.mark.parametrize("ring", ["cp2", "cp4", "tma", "tma,cp4"])
@@ -211,9 +208,8 @@ RING_CASES = [(KIMI_RANK, 8, (1, 1)), (KIMI_RANK, 16, (1, 1)), (KIMI_RANK, 2, (4
                          ids=[f"{'kimi' if s is KIMI_RANK else 'small'}-m{m}-{a}x{b}" for s, m, (a, b) in RING_CASES])
 def test_weight_rings_match_the_loads_bitwise(sizes, m, split, ring, monkeypatch, rng_seed):
     """The weight words through a shared-memory ring (cp.async or TMA) instead of loads one step ahead:
-    the same dequantised values into the same MMAs, so the same bits, every element written (NaN poison).
-    K slices fall on the same steps whatever the ring (gluon_kernels.slice_bounds); slices that are no
-    whole number of rounds of the ring take the loads."""
+    the same dequantised values into the same MMAs, so the same bits, every element written (NaN poison);
+    K ranges that are no whole number of rounds of the ring (K slices of 7 and 14 steps) take the loads."""
     from dataclasses import replace
 
     from latent_moe_fusion.ops.gluon_kernels import RING_ENV
@@ -235,44 +231,3 @@ def test_weight_rings_match_the_loads_bitwise(sizes, m, split, ring, monkeypatch
     assert torch.equal(y_ring, y_loads)
     ref64 = routed64(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in p.routed_args()))
     assert rel_l2(y_ring.cpu(), ref64) < tolerance(torch.bfloat16)
-
-
-@pytest.mark.parametrize("ring", ["loads", "tma", "cp4"])
-@pytest.mark.parametrize("split", [2, 3, 4])
-def test_l1_finishes_its_k_slices_in_the_kernel(split, ring, rng_seed):
-    """L1 alone in K slices: the last slice of each tile to arrive adds the FP32 sums in slice order and
-    writes act itself. Every valid row written (NaN poison), within bf16 tolerance of float64 SiTU and of
-    whole K, bitwise the same run to run (whichever slice arrives last)."""
-    from latent_moe_fusion.ops.gluon_kernels import launch_routed_l1
-    from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert, max_blocks
-    from tests.float64_reference import decode_mxfp4, situ64
-
-    sizes = KIMI_RANK
-    m, top_k, inter = 8, sizes["top_k"], sizes["inter"]
-    p = make_problem(m, weight_format="mxfp4", routing="random", device="cuda", **sizes)
-    bm = decode_block_m(m * top_k, sizes["num_experts"])
-    grouping = group_by_expert(p.topk_ids, sizes["num_experts"], bm)
-    blocks = max_blocks(m * top_k, sizes["num_experts"], bm)
-
-    def run(k_slices):
-        act = torch.full((blocks * bm, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
-        launch_routed_l1(p.z, p.w13, p.w13_scale, grouping.sorted_pairs, grouping.block_expert, act, blocks, bm,
-                         top_k, BETA, LIN_BETA, split=k_slices, ring=ring)
-        torch.cuda.synchronize()
-        return act
-
-    rows = torch.nonzero(grouping.sorted_pairs >= 0).flatten()
-    pairs = grouping.sorted_pairs[rows].long()
-    sliced, whole = run(split)[rows], run(1)[rows]
-    assert not sliced.isnan().any()
-    assert rel_l2(sliced, whole) < tolerance(torch.bfloat16)
-    z64 = p.z.double()[pairs // top_k]
-    ref = torch.empty(len(rows), inter, dtype=torch.float64, device="cuda")
-    experts = p.topk_ids.flatten()[pairs]
-    for e in torch.unique(experts).tolist():
-        sel = experts == e
-        h = z64[sel] @ decode_mxfp4(p.w13[e], p.w13_scale[e]).T
-        ref[sel] = situ64(h[:, :inter], h[:, inter:], BETA, LIN_BETA)
-    assert rel_l2(sliced, ref) < tolerance(torch.bfloat16)
-    for _ in range(3):
-        assert torch.equal(run(split)[rows], sliced)

@@ -31,10 +31,9 @@ WEIGHT_RINGS = {"loads": ("loads", 0), "cp2": ("cp", 2), "cp4": ("cp", 4), "tma"
 L2_TMA_MAX_PAIRS = 512
 
 
-def default_rings(num_pairs: int, l2_split: int = 1) -> tuple[str, str]:
-    """The measured choice of rings (L1, L2) for a call with num_pairs (token, slot) pairs; L2 in K slices
-    takes the cp.async ring (its TMA ring spills 48 registers there under the cap: regs_sass.md)."""
-    return "tma", "tma" if num_pairs <= L2_TMA_MAX_PAIRS and l2_split == 1 else "cp4"
+def default_rings(num_pairs: int) -> tuple[str, str]:
+    """The measured choice of rings (L1, L2) for a call with num_pairs (token, slot) pairs."""
+    return "tma", "tma" if num_pairs <= L2_TMA_MAX_PAIRS else "cp4"
 
 
 RING_ENV = "LMF_MXFP4_RING"  # tuning override: a WEIGHT_RINGS name for both kernels, or "L1,L2"
@@ -93,36 +92,17 @@ def regs_path_reason(
 def split_reason(split: tuple[int, int], latent: int, inter: int) -> str | None:
     """Why the kernels cannot cut K (L1: L, L2: I) into these (L1, L2) slices (None if they can)."""
     for name, n, k in (("L1", split[0], latent), ("L2", split[1], inter)):
-        if n < 1 or k % STEP_K or k // STEP_K < n:
+        if n < 1 or k % (n * STEP_K):
             return f"{name} K = {k} does not cut into {n} slices of whole {STEP_K}-wide steps"
     return None
 
 
-# K slices are cut on whole rounds of the largest ring's stages where K allows it, whatever the ring: the
-# slices, and so the FP32 sums, are then the same on every ring and the loads (the rings give the loads' bits).
-SLICE_ROUND = max(stages for _, stages in WEIGHT_RINGS.values())
-
-
-def slice_round(k_steps: int, split: int) -> int:
-    """k steps per round that the K slices' boundaries fall on: SLICE_ROUND where K holds at least one
-    round per slice, else single steps."""
-    return SLICE_ROUND if k_steps % SLICE_ROUND == 0 and k_steps // SLICE_ROUND >= split else 1
-
-
-def slice_bounds(k_steps: int, split: int) -> list[tuple[int, int]]:
-    """The k-step ranges of a kernel's K slices (routed_gemm._k_slice, the same arithmetic): slice s starts
-    at step s * k_steps // split rounded down to a round (slice_round); 28 steps in 2 slices: 12 and 16."""
-    r = slice_round(k_steps, split)
-    edges = [(s * k_steps // split) // r * r for s in range(split + 1)]
-    return list(zip(edges[:-1], edges[1:], strict=True))
-
-
-def weight_rings(num_pairs: int, l2_split: int = 1) -> tuple[str, str]:
+def weight_rings(num_pairs: int) -> tuple[str, str]:
     """How L1 and L2 bring their weight words (WEIGHT_RINGS): RING_ENV overrides the measured choice
     (default_rings), with one name for both kernels or "L1,L2"."""
     raw = os.environ.get(RING_ENV, "")
     if not raw:
-        return default_rings(num_pairs, l2_split)
+        return default_rings(num_pairs)
     names = tuple(raw.split(","))
     if len(names) == 1:
         names = names * 2
@@ -133,12 +113,11 @@ def weight_rings(num_pairs: int, l2_split: int = 1) -> tuple[str, str]:
 
 def ring_for(ring: str, k_steps: int, split: int) -> str:
     """The ring a kernel call takes: a ring loop runs whole rounds of its stages (unrolled, one allocation per
-    stage), so every K slice (slice_bounds) must hold whole rounds; otherwise the loads."""
+    stage), so a K range that is no multiple of them takes the loads; so do K slices (a single token's few
+    programs: regs_split), where the rings were not measured and L1's TMA ring needs 146 registers."""
     if ring not in WEIGHT_RINGS:
         raise ValueError(f"unknown weight ring {ring!r}: expected one of {', '.join(WEIGHT_RINGS)}")
-    stages = max(WEIGHT_RINGS[ring][1], 1)
-    whole = all(end > begin and (end - begin) % stages == 0 for begin, end in slice_bounds(k_steps, split))
-    return ring if whole else "loads"
+    return ring if split == 1 and k_steps % max(WEIGHT_RINGS[ring][1], 1) == 0 else "loads"
 
 
 def _words_descriptor(words: torch.Tensor, rows: int, ring: str, dual: bool):
@@ -165,33 +144,31 @@ def launch_routed_l1(
     lin_beta: float, split: int = 1, signal: bool = False, ring: str | None = None,
 ) -> None:
     """act[block rows, :I] = bf16(SiTU(gate, up)) for every routed block (rows of unused blocks untouched).
-    split > 1: K in that many slices (slice_bounds) whose FP32 partial sums the last slice of each tile to
-    finish adds in slice order and turns into act, in the same kernel (routed_gemm._finish_slices).
-    signal: L1 lets its dependents launch at once (ops/pdl.py), so that a dependent L2 launched next can
-    prefetch its weights while L1 runs.
+    split > 1: K in that many slices of FP32 partial sums, then the ordered-sum + SiTU finish.
+    signal: L1 lets its dependents launch at once and the finish goes out as a programmatic dependent
+    (ops/pdl.py), so that a dependent L2 launched next can prefetch its weights while L1 runs.
     ring: how the weight words arrive (WEIGHT_RINGS; None: weight_rings())."""
+    from ..triton_kernels.split_k import launch_l1_finish
     from .routed_gemm import l1_regs_kernel
 
     latent = z.shape[1]
     inter = w13.shape[1] // 2
     words = w13.view(torch.int32)
     n_rows = num_blocks * block_m
-    tiles = num_blocks * (inter // (16 * L1_WARPS))
-    if split == 1:
-        h_part = counts = act  # never read
-    else:
-        h_part = torch.empty(split, n_rows, 2 * inter, dtype=torch.float32, device=z.device)
-        counts = torch.zeros(tiles, dtype=torch.int32, device=z.device)  # slices arrived per tile
-    grid = (tiles * split,)
-    ring = ring_for(weight_rings(z.shape[0] * top_k)[0] if ring is None else ring, latent // STEP_K, split)
+    h_part = act if split == 1 else torch.empty(split, n_rows, 2 * inter, dtype=torch.float32, device=z.device)
+    grid = (num_blocks * (inter // (16 * L1_WARPS)) * split,)
+    ring = ring_for(weight_rings(z.shape[0] * top_k)[0] if ring is None else ring, latent // split // STEP_K, split)
     kind, stages = WEIGHT_RINGS[ring]
     l1_regs_kernel[grid](
-        z, words, w13_scale, sorted_pairs, block_expert, act, h_part, counts, n_rows, inter, latent, latent // 8,
+        z, words, w13_scale, sorted_pairs, block_expert, act, h_part, n_rows, inter, latent, latent // 8,
         latent // MXFP4_BLOCK, top_k, words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta),
         _words_descriptor(words, 16 * L1_WARPS, ring, dual=True),
         BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L1_WARPS, SIGNAL=signal, RING=kind, STAGES=stages,
-        ROUND=slice_round(latent // STEP_K, split), maxnreg=max_registers("l1", kind),
+        maxnreg=max_registers("l1", kind),
     )
+    if split > 1:
+        launch_l1_finish(h_part, block_expert, act, n_rows, inter, h_part, act, 0, inter, beta, lin_beta, block_m,
+                         split, False, pdl=signal)
 
 
 def launch_routed_l2(
@@ -210,11 +187,12 @@ def launch_routed_l2(
     words = w2.view(torch.int32)
     split = pairs.shape[0] if pairs.dim() == 3 else 1
     grid = (num_blocks * (latent // (16 * L2_WARPS)) * split,)
-    ring = ring_for(weight_rings(pairs.shape[-2], split)[1] if ring is None else ring, inter // STEP_K, split)
+    ring = ring_for(weight_rings(pairs.shape[-2])[1] if ring is None else ring, inter // split // STEP_K, split)
     kind, stages = WEIGHT_RINGS[ring]
     l2_regs_kernel[grid](
         act, words, w2_scale, sorted_pairs, block_expert, pairs, pairs.stride(0) if split > 1 else 0, latent, inter,
         inter // 8, inter // MXFP4_BLOCK, words.stride(0), w2_scale.stride(0), _words_descriptor(words, 16 * L2_WARPS, ring, dual=False),
         BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L2_WARPS, PDL=dependent, launch_pdl=dependent, RING=kind,
-        STAGES=stages, ROUND=slice_round(inter // STEP_K, split), maxnreg=max_registers("l2", kind),
+        STAGES=stages,
+        maxnreg=max_registers("l2", kind),
     )

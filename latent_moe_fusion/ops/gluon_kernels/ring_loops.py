@@ -55,12 +55,11 @@ def _alloc_ring(w_desc, STAGES: gl.constexpr):
 
 @gluon.jit
 def _ring_coord(w_row, k, DUAL: gl.constexpr):
-    """The box's coordinates: L1 [2 * expert (gate; up next), row, word], L2 [expert * rows + row, word];
-    w_row carries the K range's first word last (k counts from the range's start)."""
+    """The box's coordinates: L1 [2 * expert (gate; up next), row, word], L2 [expert * rows + row, word]."""
     if DUAL:
-        coord = [w_row[0], w_row[1], w_row[2] + k // 8]
+        coord = [w_row[0], w_row[1], k // 8]
     else:
-        coord = [w_row[0], w_row[1] + k // 8]
+        coord = [w_row, k // 8]
     return coord
 
 
@@ -121,17 +120,6 @@ def mainloop_tma(w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end,
     STAGES: gl.constexpr = 4
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
     b_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    # The loop counts k from the range's start (a K slice's too): its pointers and box move there once,
-    # which keeps a slice's loop in the registers of the whole-K one (146 against 128 for L1 otherwise).
-    s_ptrs += k_begin // 32
-    s2_ptrs += k_begin // 32
-    a_ptrs += k_begin
-    if DUAL:
-        w_row = (w_row[0], w_row[1], k_begin // 8)
-    else:
-        w_row = (w_row, k_begin // 8)
-    k_end -= k_begin
-    k_begin = 0
     bs = (gl.allocate_shared_memory(gl.bfloat16, [BM, BK], b_sl), gl.allocate_shared_memory(gl.bfloat16, [BM, BK], b_sl))
     ws, rs = _alloc_ring(w_desc, STAGES)
     for st in gl.static_range(STAGES):

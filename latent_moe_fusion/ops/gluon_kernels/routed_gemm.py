@@ -25,7 +25,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 
-from ..triton_kernels.gdc import fence_gpu, prefetch_rows_l2, release_dependents, wait_for_predecessor
+from ..triton_kernels.gdc import prefetch_rows_l2, release_dependents, wait_for_predecessor
 from ..triton_kernels.numerics import situ
 from .lut_dequant import WINDOW_SCALE, dequant_mma, to_kappa, words_layout
 from .ring_loops import load_scales_act, mainloop_cp, mainloop_tma
@@ -112,58 +112,24 @@ def _weight_mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, w_desc, w_row, a_ptrs, a_
 
 
 @gluon.jit
-def _k_slice(K, k_index, SPLIT: gl.constexpr, BK: gl.constexpr, ROUND: gl.constexpr):
-    """This program's K range: all of K, or slice k_index of SPLIT, from step k_index * steps // SPLIT
-    rounded down to whole rounds of ROUND steps (gluon_kernels.slice_bounds: the same arithmetic on the
-    host, which picks ROUND so that every ring gets whole rounds and the same slices)."""
+def _k_slice(K, k_index, SPLIT: gl.constexpr, BK: gl.constexpr):
+    """This program's K range: all of K, or slice k_index of SPLIT (K a multiple of SPLIT * BK)."""
     if SPLIT == 1:
         k_begin = 0
         k_end = K
     else:
-        steps = K // BK
-        k_begin = gl.multiple_of((k_index * steps // SPLIT) // ROUND * (ROUND * BK), BK)
-        k_end = ((k_index + 1) * steps // SPLIT) // ROUND * (ROUND * BK)
+        k_len = K // SPLIT
+        k_begin = gl.multiple_of(k_index * k_len, BK)
+        k_end = k_begin + k_len
     return k_begin, k_end
 
 
 @gluon.jit
-def _finish_slices(g, u, h_part_ptr, count_ptr, tile, act_ptr, sorted_ptr, n_rows, k_index, row0, n0, inter, beta,
-                   lin_beta, ROWS: gl.constexpr, BN: gl.constexpr, NW: gl.constexpr, SPLIT: gl.constexpr):
-    """K slices finished in L1 itself: every slice writes its FP32 gate and up sums (valid rows only) to
-    h_part[slice], then counts itself in; the last of the tile's SPLIT slices to arrive adds the sums in
-    slice order from zero (bitwise the same whichever slice arrives last, and the same as
-    triton_kernels/split_k.py's finish kernel), applies SiTU and writes act. The counts start at zero
-    (the launcher's). No program waits for another: any launch order is safe."""
-    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, ROWS, 16])
-    on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
-    om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma_l))
-    valid = (gl.load(sorted_ptr + om) >= 0)[None, :] & (on >= 0)[:, None]
-    cols = om[None, :].to(gl.int64) * (2 * inter) + on[:, None]
-    mine = h_part_ptr + k_index.to(gl.int64) * n_rows * (2 * inter) + cols
-    gl.store(mine, g, mask=valid)
-    gl.store(mine + inter, u, mask=valid)
-    fence_gpu()  # this thread's sums before the count (release)
-    gl.thread_barrier()  # every thread's
-    arrived = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    if arrived == SPLIT - 1:
-        fence_gpu()  # the other slices' sums after their counts (acquire)
-        g = gl.zeros([BN, ROWS], gl.float32, layout=mma_l)
-        u = gl.zeros([BN, ROWS], gl.float32, layout=mma_l)
-        for s in gl.static_range(SPLIT):
-            part = h_part_ptr + (s * n_rows).to(gl.int64) * (2 * inter) + cols
-            g += gl.load(part, mask=valid, other=0.0, cache_modifier=".cg")
-            u += gl.load(part + inter, mask=valid, other=0.0, cache_modifier=".cg")
-        h = situ(g, u, beta, lin_beta)
-        gl.store(act_ptr + om[None, :].to(gl.int64) * inter + on[:, None], h.to(act_ptr.dtype.element_ty))
-
-
-@gluon.jit
-def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, w_desc, w_row, sorted_ptr, act_ptr, h_part_ptr, count_ptr,
-             tile, n_rows, k_index, row0, n0, inter, K, top_k, beta, lin_beta, ROWS: gl.constexpr, BN: gl.constexpr,
-             BK: gl.constexpr, NW: gl.constexpr, SPLIT: gl.constexpr, RING: gl.constexpr, STAGES: gl.constexpr,
-             ROUND: gl.constexpr):
+def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, w_desc, w_row, sorted_ptr, act_ptr, h_part_ptr, n_rows,
+             k_index, row0, n0, inter, K, top_k, beta, lin_beta, ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+             NW: gl.constexpr, SPLIT: gl.constexpr, RING: gl.constexpr, STAGES: gl.constexpr):
     """act[row0 .. row0 + ROWS, n0 .. n0 + BN] = bf16(SiTU(gate, up)) of the rows' tokens; with SPLIT > 1
-    over this K slice, the last slice to finish adding them all (_finish_slices)."""
+    this K slice's FP32 gate and up sums into h_part[slice, rows, n (gate) | inter + n (up)] instead."""
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, ROWS, 16])
     act_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
     pos = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, act_l))
@@ -172,24 +138,26 @@ def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, w_desc, w_row, sorted_pt
     ak = gl.arange(0, BK, layout=gl.SliceLayout(0, act_l))
     a_ptrs = z_ptr + tok[:, None].to(gl.int64) * K + ak[None, :]
     a_mask = (pair >= 0)[:, None] & (ak >= 0)[None, :]
-    k_begin, k_end = _k_slice(K, k_index, SPLIT, BK, ROUND)
+    k_begin, k_end = _k_slice(K, k_index, SPLIT, BK)
     g, u = _weight_mainloop(wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, w_desc, w_row, a_ptrs, a_mask, k_begin, k_end, True,
                             ROWS, BN, BK, NW, RING, STAGES)
+    on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
+    om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma_l))
     if SPLIT == 1:
-        on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
-        om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma_l))
         # numerics.situ itself (a @triton.jit function inlined by Gluon: the same SASS as a hand copy)
         h = situ(g, u, beta, lin_beta)
         gl.store(act_ptr + om[None, :].to(gl.int64) * inter + on[:, None], h.to(act_ptr.dtype.element_ty))
     else:
-        _finish_slices(g, u, h_part_ptr, count_ptr, tile, act_ptr, sorted_ptr, n_rows, k_index, row0, n0, inter, beta,
-                       lin_beta, ROWS, BN, NW, SPLIT)
+        part_row = k_index * n_rows + om
+        dest = h_part_ptr + part_row[None, :].to(gl.int64) * (2 * inter) + on[:, None]
+        gl.store(dest, g)
+        gl.store(dest + inter, u)
 
 
 @gluon.jit
 def _l2_rows(act_ptr, w_ptrs, s_ptrs, w_desc, w_row, sorted_ptr, pairs_ptr, slice_stride, k_index, row0, n0, latent,
              K, ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr, SPLIT: gl.constexpr,
-             RING: gl.constexpr, STAGES: gl.constexpr, ROUND: gl.constexpr):
+             RING: gl.constexpr, STAGES: gl.constexpr):
     """pairs[pair of row, n0 .. n0 + BN] = act[row] @ W2^T for the valid rows of row0 .. row0 + ROWS
     (with SPLIT > 1: this K slice's sum, at pairs + slice * slice_stride)."""
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, ROWS, 16])
@@ -198,7 +166,7 @@ def _l2_rows(act_ptr, w_ptrs, s_ptrs, w_desc, w_row, sorted_ptr, pairs_ptr, slic
     ak = gl.arange(0, BK, layout=gl.SliceLayout(0, act_l))
     a_ptrs = act_ptr + am[:, None].to(gl.int64) * K + ak[None, :]
     a_mask = (am >= 0)[:, None] & (ak >= 0)[None, :]
-    k_begin, k_end = _k_slice(K, k_index, SPLIT, BK, ROUND)
+    k_begin, k_end = _k_slice(K, k_index, SPLIT, BK)
     acc, _ = _weight_mainloop(w_ptrs, s_ptrs, w_ptrs, s_ptrs, w_desc, w_row, a_ptrs, a_mask, k_begin, k_end, False,
                               ROWS, BN, BK, NW, RING, STAGES)
     if SPLIT > 1:
@@ -234,10 +202,10 @@ def _program_tile(block_expert_ptr, n_total, BN: gl.constexpr, SPLIT: gl.constex
 
 @gluon.jit(do_not_specialize=["top_k"])
 def l1_regs_kernel(
-    z_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, h_part_ptr, count_ptr, n_rows, inter, K, row_words,
-    row_scales, top_k, stride_we, stride_se, beta, lin_beta, w_desc,
+    z_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, h_part_ptr, n_rows, inter, K, row_words, row_scales,
+    top_k, stride_we, stride_se, beta, lin_beta, w_desc,
     BM: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr, SIGNAL: gl.constexpr = False,
-    RING: gl.constexpr = "loads", STAGES: gl.constexpr = 0, ROUND: gl.constexpr = 1,
+    RING: gl.constexpr = "loads", STAGES: gl.constexpr = 0,
 ):
     if SIGNAL:  # the dependent finish / L2 may launch now (they wait for this kernel's end)
         release_dependents()
@@ -250,16 +218,15 @@ def l1_regs_kernel(
         wu_ptrs, su_ptrs = _weight_ptrs(w_ptr, s_ptr, expert, inter + n0, row_words, row_scales, stride_we,
                                         stride_se, BN, BK, NW)
         w_row = (2 * expert, n0)  # the gate and up tiles' box in the [2E, I, K / 8] words
-        tile = blk * (inter // BN) + n0 // BN  # the K slices' arrival count (SPLIT > 1)
-        args = (z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, w_desc, w_row, sorted_ptr, act_ptr, h_part_ptr, count_ptr,
-                tile, n_rows, k_index, blk * BM, n0, inter, K, top_k, beta, lin_beta)
+        args = (z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, w_desc, w_row, sorted_ptr, act_ptr, h_part_ptr, n_rows,
+                k_index, blk * BM, n0, inter, K, top_k, beta, lin_beta)
         if BM == 32:
             if _half_block(sorted_ptr, blk * BM, BM, NW):
-                _l1_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES, ROUND)
+                _l1_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES)
             else:
-                _l1_rows(*args, 32, BN, BK, NW, SPLIT, RING, STAGES, ROUND)
+                _l1_rows(*args, 32, BN, BK, NW, SPLIT, RING, STAGES)
         else:
-            _l1_rows(*args, BM, BN, BK, NW, SPLIT, RING, STAGES, ROUND)
+            _l1_rows(*args, BM, BN, BK, NW, SPLIT, RING, STAGES)
 
 
 @gluon.jit
@@ -267,7 +234,7 @@ def l2_regs_kernel(
     act_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, slice_stride, latent, K, row_words, row_scales,
     stride_we, stride_se, w_desc,
     BM: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
-    RING: gl.constexpr = "loads", STAGES: gl.constexpr = 0, ROUND: gl.constexpr = 1,
+    RING: gl.constexpr = "loads", STAGES: gl.constexpr = 0,
 ):
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
@@ -279,7 +246,7 @@ def l2_regs_kernel(
         if expert >= 0:
             rows_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
             rows = n0 + gl.arange(0, BN, layout=rows_l)
-            k_begin, k_end = _k_slice(K, k_index, SPLIT, BK, ROUND)
+            k_begin, k_end = _k_slice(K, k_index, SPLIT, BK)
             first = w_ptr + expert.to(gl.int64) * stride_we + rows.to(gl.int64) * row_words + k_begin // 8
             prefetch_rows_l2(first.to(gl.int64), gl.full([BN], 0, gl.int32, layout=rows_l) + (k_end - k_begin) // 2)
         wait_for_predecessor()
@@ -291,8 +258,8 @@ def l2_regs_kernel(
                 latent, K)
         if BM == 32:  # the same test as L1 on the same block: L1 wrote every row this reads
             if _half_block(sorted_ptr, blk * BM, BM, NW):
-                _l2_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES, ROUND)
+                _l2_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES)
             else:
-                _l2_rows(*args, 32, BN, BK, NW, SPLIT, RING, STAGES, ROUND)
+                _l2_rows(*args, 32, BN, BK, NW, SPLIT, RING, STAGES)
         else:
-            _l2_rows(*args, BM, BN, BK, NW, SPLIT, RING, STAGES, ROUND)
+            _l2_rows(*args, BM, BN, BK, NW, SPLIT, RING, STAGES)

@@ -47,11 +47,3 @@ def wait_own_copies_0():
 @triton.jit
 def wait_own_copies_2():
     tl.inline_asm_elementwise("cp.async.wait_group 2; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-# fence.acq_rel.gpu: orders this thread's memory accesses before (release) and after (acquire) it against
-# other CTAs' at GPU scope. The register-dequant L1's in-kernel K-slice finish puts one around its arrival
-# count (gluon_kernels/routed_gemm.py): the slice sums are written before the count, read after it.
-@triton.jit
-def fence_gpu():
-    tl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
