@@ -37,6 +37,19 @@ def load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k, DUAL: gl.constexpr):
 
 
 @gluon.jit
+def _next_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, i, DUAL: gl.constexpr, BK: gl.constexpr):
+    """Step i + 1's scales and activation tile (the last step reloads its own). ptxas gives every global load
+    of the loop one scoreboard, so a step that issues these before it reads step i's activation registers
+    waits for them too (ncu: a fifth of L1's stall samples at M = 8 on that wait). The TMA ring's step
+    issues them after its barrier for 32-row MMAs (L1 at M = 128: 448.7 -> 399.2 us), before its stage wait
+    for 16-row ones, where that is faster (72.8 against 74.0 us at M = 8, 188.7 against 191.7 at M = 32;
+    interleaved on one H200, bench/results/producer_notes.md run 11). The cp.async ring issues them first
+    (after its barrier it was slower at every M)."""
+    k_nx = gl.multiple_of(gl.minimum(k_begin + (i + 1) * BK, k_end - BK), BK)
+    return load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_nx, DUAL)
+
+
+@gluon.jit
 def _alloc_ring(w_desc, STAGES: gl.constexpr):
     """STAGES weight stages (the descriptor's box each) and their ready barriers, every one its own
     allocation: the compiler's barrier analysis tells separate allocations apart, while views of one
@@ -82,8 +95,10 @@ def _tma_step(u: gl.constexpr, i, ws, rs, bs, w_desc, w_row, s_ptrs, s2_ptrs, a_
               NW: gl.constexpr):
     STAGES: gl.constexpr = 4
     words_l: gl.constexpr = words_layout(BN, BK, NW)
-    k_nx = gl.multiple_of(gl.minimum(k_begin + (i + 1) * BK, k_end - BK), BK)  # the last step reloads itself
-    sc_nx, sc2_nx, act_nx = load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_nx, DUAL)
+    # When the next step's scales and activation tile are issued: see _next_scales_act.
+    LATE: gl.constexpr = BM > 16
+    if not LATE:
+        sc_nx, sc2_nx, act_nx = _next_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, i, DUAL, BK)
     mbarrier.wait(rs[u], (i // STAGES) & 1)
     wd = _tile_words(ws[u], 0, DUAL, words_l)
     wd2 = wd
@@ -98,6 +113,8 @@ def _tma_step(u: gl.constexpr, i, ws, rs, bs, w_desc, w_row, s_ptrs, s2_ptrs, a_
     # now takes step i + 3; armed one step ago) and waited on stage u (armed now for step i + 4, filled
     # next step). Every other pair of conflicting accesses is on separate allocations.
     gl.thread_barrier()
+    if LATE:
+        sc_nx, sc2_nx, act_nx = _next_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, i, DUAL, BK)
     prev: gl.constexpr = (u + STAGES - 1) % STAGES
     refill = i + STAGES - 1
     tma.async_copy_global_to_shared(w_desc, _ring_coord(w_row, k_begin + refill * BK, DUAL), rs[prev], ws[prev],
@@ -150,8 +167,7 @@ def _cp_step(u: gl.constexpr, i, ws, ws2, bs, w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, 
              sc, sc2, act, acc, acc2, DUAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
              BK: gl.constexpr, NW: gl.constexpr, STAGES: gl.constexpr):
     words_l: gl.constexpr = words_layout(BN, BK, NW)
-    k_nx = gl.multiple_of(gl.minimum(k_begin + (i + 1) * BK, k_end - BK), BK)  # the last step reloads itself
-    sc_nx, sc2_nx, act_nx = load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_nx, DUAL)
+    sc_nx, sc2_nx, act_nx = _next_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, i, DUAL, BK)
     if STAGES == 2:  # this thread's copies of step i have landed
         wait_own_copies_0()
     else:
