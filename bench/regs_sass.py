@@ -40,7 +40,8 @@ L2_SIG = {"act_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*u8", "sorted_ptr": "*i
           "stride_we": "i32", "stride_se": "i32"}
 
 
-def compile_sm90(which: str, split: int = 1, ring: str = "loads") -> triton.compiler.CompiledKernel:
+def compile_sm90(which: str, split: int = 1, ring: str = "loads", order: str = "auto",
+                 bm: int = BM) -> triton.compiler.CompiledKernel:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -48,7 +49,8 @@ def compile_sm90(which: str, split: int = 1, ring: str = "loads") -> triton.comp
     # Integer arguments the launcher passes are multiples of 16 at these sizes (what the JIT specialises on).
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items()) if t != "fp32" and n != "top_k"}
     kind, stages = gk.WEIGHT_RINGS[ring]
-    constexprs = {"BM": BM, "BK": gk.STEP_K, "SPLIT": split, "num_warps": warps, "RING": kind, "STAGES": stages}
+    constexprs = {"BM": bm, "BK": gk.STEP_K, "SPLIT": split, "num_warps": warps, "RING": kind, "STAGES": stages,
+                  "ORDER": order}
     if kind == "tma":  # the launcher's descriptor (gluon_kernels._words_descriptor)
         rows = 16 * warps
         box = f"2, {rows}, {gk.STEP_K // 8}" if which == "l1" else f"{rows}, {gk.STEP_K // 8}"
@@ -57,7 +59,7 @@ def compile_sm90(which: str, split: int = 1, ring: str = "loads") -> triton.comp
     else:
         desc, constexprs["w_desc"] = "constexpr", None
     sig = dict(sig, w_desc=desc, BM="constexpr", BK="constexpr", SPLIT="constexpr", num_warps="constexpr",
-               RING="constexpr", STAGES="constexpr")
+               RING="constexpr", STAGES="constexpr", ORDER="constexpr")
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     cap = gk.max_registers(which, kind)
     options = {"num_warps": warps} | ({"maxnreg": cap} if cap else {})
@@ -74,8 +76,8 @@ def registers(cubin: bytes) -> int:
     return int(re.search(r"REG:(\d+)", usage).group(1))
 
 
-def loop_stats(which: str, split: int = 1, ring: str = "loads") -> dict:
-    kernel = compile_sm90(which, split, ring)
+def loop_stats(which: str, split: int = 1, ring: str = "loads", order: str = "auto", bm: int = BM) -> dict:
+    kernel = compile_sm90(which, split, ring, order, bm)
     sass = sass_of(kernel.asm["cubin"])
     ops = main_loop(sass)
     hist = collections.Counter(op.split(".")[0] for op in ops)
@@ -84,7 +86,8 @@ def loop_stats(which: str, split: int = 1, ring: str = "loads") -> dict:
     # and the longest backward-branch range may take in their last steps too)
     steps = hist["HGMMA"] / (16 if which == "l1" else 8)
     per_step = (2 if which == "l1" else 1) * 16 * warps * gk.STEP_K  # weight elements per step (L1: gate + up)
-    return {"kernel": f"{which}_regs_kernel", "ring": ring, "k_slices": split, "warps": warps, "rows": 16 * warps,
+    return {"kernel": f"{which}_regs_kernel", "ring": ring, "k_slices": split, "block_rows": bm, "order": order,
+            "warps": warps, "rows": 16 * warps,
             "registers": registers(kernel.asm["cubin"]), "spills": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
             "loop_instr": round(len(ops) / steps, 1), "per_element": round(len(ops) / steps * warps * 32 / per_step, 2),
             **{k: round(hist[k] / steps, 2) for k in ("BAR", "HGMMA", "STS", "LDS", "LDGSTS", "UTMALDG", "LDG", "HMUL2")},
@@ -99,21 +102,26 @@ def main() -> None:
     # K slices (a single token's split) always take the loads (gluon_kernels.ring_for)
     rows = [loop_stats(w, split, ring) for ring in gk.WEIGHT_RINGS for split in ((1, 2) if ring == "loads" else (1,))
             for w in ("l1", "l2")]
+    # 32-row blocks (M = 128 at decode; the kernel holds a 16- and a 32-row MMA path): L1's TMA ring with either
+    # load order (gluon_kernels.LOAD_ORDERS; "auto" is late there), L2 on the cp.async ring it runs there
+    rows += [loop_stats("l1", 1, "tma", order, 32) for order in ("early", "late")]
+    rows.append(loop_stats("l2", 1, "cp4", "auto", 32))
     for r in rows:
         print(r, flush=True)
     lines = [f"# Gluon register-dequant kernels: static SASS of the main loop (sm_90, triton {triton.__version__})", "",
-             f"L = {LATENT}, I = {INTER}, {BM}-row blocks, k step {gk.STEP_K}; compiled on a CPU machine, not timed. "
+             f"L = {LATENT}, I = {INTER}, {BM}-row blocks unless said, k step {gk.STEP_K}; compiled on a CPU machine, not timed. "
              "Counts per k step (the ring loops are unrolled by their stages; `top` counts the whole loop). "
              f"Register caps as launched (gluon_kernels.max_registers: L1 {gk.L1_MAX_REGISTERS} but its TMA ring "
              f"uncapped, L2 {gk.L2_MAX_REGISTERS}); spills: local loads and "
              "stores anywhere in the kernel. Triton's lut + tma loop for comparison: 4.97 (L1) and 6.98 (L2) "
              "instructions per weight element, plus a shared-memory round trip of every dequantised tile "
              "(dequant_sass.md).", "",
-             "| kernel | ring | K slices | warps | weight rows | registers | spills | loop instructions / thread "
+             "| kernel | ring | K slices | block rows | load order | warps | weight rows | registers | spills "
+             "| loop instructions / thread "
              "| instructions / weight element | BAR | HGMMA | STS | LDS | LDGSTS | UTMALDG | LDG (16-byte) | HMUL2 "
              "| most frequent opcodes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['kernel']} | {r['ring']} | {r['k_slices']} | {r['warps']} | {r['rows']} | {r['registers']} | "
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['kernel']} | {r['ring']} | {r['k_slices']} | {r['block_rows']} | {r['order']} | {r['warps']} | {r['rows']} | {r['registers']} | "
               f"{r['spills']} | {r['loop_instr']:g} | {r['per_element']} | {r['BAR']:g} | {r['HGMMA']:g} | {r['STS']:g} | "
               f"{r['LDS']:g} | {r['LDGSTS']:g} | {r['UTMALDG']:g} | {r['LDG']:g} ({r['LDG_128']:g}) | {r['HMUL2']:g} | "
               f"{r['top']} |" for r in rows]

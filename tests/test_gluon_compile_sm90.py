@@ -20,6 +20,14 @@ def test_register_dequant_kernels_compile_for_sm90_with_register_operands(tmp_pa
     done = run_compiled([str(ROOT / "bench" / "regs_sass.py"), "--out", str(tmp_path)], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((tmp_path / "regs_sass.json").read_text())
+    # 32-row blocks: L1's TMA ring issuing the next step's loads late (the "auto" order there) fits 3 CTAs of
+    # 4 warps per SM, where the early order took 185 registers (2 CTAs)
+    wide = {(r["kernel"], r["ring"], r["order"]): r for r in rows if r["block_rows"] == 32}
+    assert sorted(wide) == [("l1_regs_kernel", "tma", "early"), ("l1_regs_kernel", "tma", "late"),
+                            ("l2_regs_kernel", "cp4", "auto")], sorted(wide)
+    assert wide["l1_regs_kernel", "tma", "late"]["registers"] <= 168 and wide["l1_regs_kernel", "tma", "late"]["spills"] == 0
+    assert wide["l2_regs_kernel", "cp4", "auto"]["registers"] <= L2_MAX_REGISTERS
+    rows = [r for r in rows if r["block_rows"] == 16]
     # both kernels, whole K and cut into 2 slices (the single-token split), for every weight ring
     assert sorted((r["kernel"], r["ring"], r["k_slices"]) for r in rows) == sorted(
         (f"{w}_regs_kernel", ring, split) for w in ("l1", "l2") for ring in WEIGHT_RINGS

@@ -112,12 +112,30 @@ def test_a_bad_ring_override_says_what_it_takes(value, monkeypatch):
         ring_for("fast", 28, 1)
 
 
+@pytest.mark.parametrize("value", ["soon", "Late", "early,late"])
+def test_a_bad_load_order_says_what_it_takes(value, monkeypatch):
+    from latent_moe_fusion.ops.gluon_kernels import LOAD_ORDER_ENV, load_order
+
+    monkeypatch.setenv(LOAD_ORDER_ENV, value)
+    with pytest.raises(ValueError, match=f"{LOAD_ORDER_ENV}=.*expected one of auto, early, late"):
+        load_order()
+
+
+def test_the_load_order_defaults_to_auto(monkeypatch):
+    from latent_moe_fusion.ops.gluon_kernels import LOAD_ORDER_ENV, load_order
+
+    monkeypatch.delenv(LOAD_ORDER_ENV, raising=False)
+    assert load_order() == "auto"
+    monkeypatch.setenv(LOAD_ORDER_ENV, "late")
+    assert load_order() == "late"
+
+
 def test_the_kernel_modules_leave_the_package_functions_alone():
     """Importing the kernels (what a launch does) must not shadow a package function with a submodule of
     the same name (a GPU-only failure otherwise: the launchers import them lazily)."""
     import latent_moe_fusion.ops.gluon_kernels as gk
     from latent_moe_fusion.ops.gluon_kernels import ring_loops, routed_gemm, routed_gemv  # noqa: F401
 
-    for name in ("weight_rings", "ring_for", "default_rings", "max_registers", "regs_path_reason", "split_reason",
+    for name in ("weight_rings", "ring_for", "default_rings", "max_registers", "regs_path_reason", "split_reason", "load_order",
                  "launch_routed_l1", "launch_routed_l2"):
         assert callable(getattr(gk, name)), name

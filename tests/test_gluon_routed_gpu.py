@@ -231,3 +231,33 @@ def test_weight_rings_match_the_loads_bitwise(sizes, m, split, ring, monkeypatch
     assert torch.equal(y_ring, y_loads)
     ref64 = routed64(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in p.routed_args()))
     assert rel_l2(y_ring.cpu(), ref64) < tolerance(torch.bfloat16)
+
+
+ORDER_CASES = [(KIMI_RANK, 8), (KIMI_RANK, 16), (SMALL, 32)]  # 16-row MMAs; 16- and 32-row; 32-row
+
+
+@pytest.mark.parametrize("sizes,m", ORDER_CASES, ids=[f"{'kimi' if s is KIMI_RANK else 'small'}-m{m}" for s, m in ORDER_CASES])
+def test_tma_load_orders_give_the_same_bits(sizes, m, monkeypatch, rng_seed):
+    """The TMA ring's step issuing the next step's scales and activation tile before its stage wait or after
+    its barrier (LMF_MXFP4_LOAD_ORDER) moves loads, not arithmetic: the same bits, every element written."""
+    from dataclasses import replace
+
+    from latent_moe_fusion.ops.gluon_kernels import LOAD_ORDER_ENV, RING_ENV
+    from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config
+
+    monkeypatch.setenv(ENV_SWITCH, "1")
+    monkeypatch.setenv(RING_ENV, "tma")
+    p = make_problem(m, weight_format="mxfp4", routing="random", device="cuda", **sizes)
+    cfg = replace(pick_config(m * sizes["top_k"], "mxfp4", torch.bfloat16, sizes["num_experts"]), routed_gemv=False)
+
+    def run(order):
+        monkeypatch.setenv(LOAD_ORDER_ENV, order)
+        y = torch.full_like(p.z, float("nan"))
+        run_experts(*p.routed_args(), out=y, config=cfg)
+        torch.cuda.synchronize()
+        return y
+
+    y_auto = run("auto")
+    assert torch.equal(run("early"), y_auto) and torch.equal(run("late"), y_auto)
+    ref64 = routed64(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in p.routed_args()))
+    assert rel_l2(y_auto.cpu(), ref64) < tolerance(torch.bfloat16)

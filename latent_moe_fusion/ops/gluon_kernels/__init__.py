@@ -37,6 +37,10 @@ def default_rings(num_pairs: int) -> tuple[str, str]:
 
 
 RING_ENV = "LMF_MXFP4_RING"  # tuning override: a WEIGHT_RINGS name for both kernels, or "L1,L2"
+# When the TMA ring's step issues the next step's scales and activation tile (ring_loops._next_scales_act):
+# "auto" (after the step's barrier for 32-row MMAs, before its stage wait for 16-row ones), "early", "late".
+LOAD_ORDER_ENV = "LMF_MXFP4_LOAD_ORDER"
+LOAD_ORDERS = ("auto", "early", "late")
 # Register caps, for 4 CTAs of 4 warps (L1) and 3 of 8 warps (L2) per SM without spills (regs_sass.md): L1's
 # loads loop would take 151 registers and L2's unrolled rings up to 103 (its K-sliced loads, a single
 # token's rare path, spill 2 under the cap). L1's TMA ring takes 128 by itself but spills under an explicit
@@ -111,6 +115,14 @@ def weight_rings(num_pairs: int) -> tuple[str, str]:
     return names
 
 
+def load_order() -> str:
+    """The TMA ring's load order (LOAD_ORDERS): LOAD_ORDER_ENV, "auto" when unset."""
+    order = os.environ.get(LOAD_ORDER_ENV, "") or "auto"
+    if order not in LOAD_ORDERS:
+        raise ValueError(f"{LOAD_ORDER_ENV}={order!r}: expected one of {', '.join(LOAD_ORDERS)}")
+    return order
+
+
 def ring_for(ring: str, k_steps: int, split: int) -> str:
     """The ring a kernel call takes: a ring loop runs whole rounds of its stages (unrolled, one allocation per
     stage), so a K range that is no multiple of them takes the loads; so do K slices (a single token's few
@@ -164,7 +176,7 @@ def launch_routed_l1(
         latent // MXFP4_BLOCK, top_k, words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta),
         _words_descriptor(words, 16 * L1_WARPS, ring, dual=True),
         BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L1_WARPS, SIGNAL=signal, RING=kind, STAGES=stages,
-        maxnreg=max_registers("l1", kind),
+        ORDER=load_order(), maxnreg=max_registers("l1", kind),
     )
     if split > 1:
         launch_l1_finish(h_part, block_expert, act, n_rows, inter, h_part, act, 0, inter, beta, lin_beta, block_m,
@@ -193,6 +205,5 @@ def launch_routed_l2(
         act, words, w2_scale, sorted_pairs, block_expert, pairs, pairs.stride(0) if split > 1 else 0, latent, inter,
         inter // 8, inter // MXFP4_BLOCK, words.stride(0), w2_scale.stride(0), _words_descriptor(words, 16 * L2_WARPS, ring, dual=False),
         BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L2_WARPS, PDL=dependent, launch_pdl=dependent, RING=kind,
-        STAGES=stages,
-        maxnreg=max_registers("l2", kind),
+        STAGES=stages, ORDER=load_order(), maxnreg=max_registers("l2", kind),
     )

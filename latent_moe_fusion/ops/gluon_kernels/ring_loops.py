@@ -41,10 +41,12 @@ def _next_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, i, DUAL: g
     """Step i + 1's scales and activation tile (the last step reloads its own). ptxas gives every global load
     of the loop one scoreboard, so a step that issues these before it reads step i's activation registers
     waits for them too (ncu: a fifth of L1's stall samples at M = 8 on that wait). The TMA ring's step
-    issues them after its barrier for 32-row MMAs (L1 at M = 128: 448.7 -> 399.2 us), before its stage wait
-    for 16-row ones, where that is faster (72.8 against 74.0 us at M = 8, 188.7 against 191.7 at M = 32;
-    interleaved on one H200, bench/results/producer_notes.md run 11). The cp.async ring issues them first
-    (after its barrier it was slower at every M)."""
+    issues them after its barrier ("late") for 32-row MMAs, before its stage wait ("early") for 16-row ones
+    (ORDER "auto"; gluon_kernels.LOAD_ORDER_ENV forces either): with the late issue ptxas also fits L1's
+    32-row kernel in 167 registers instead of 185 (3 CTAs per SM instead of 2), and L1 at M = 128 took
+    399 against 449 us; 16-row MMAs were faster early (72.8 against 74.0 us at M = 8; H200,
+    bench/results/tma_load_order.md). The cp.async ring issues them first (after its barrier it was slower
+    at every M)."""
     k_nx = gl.multiple_of(gl.minimum(k_begin + (i + 1) * BK, k_end - BK), BK)
     return load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_nx, DUAL)
 
@@ -92,11 +94,11 @@ def _tile_words(stage, t: gl.constexpr, DUAL: gl.constexpr, layout: gl.constexpr
 @gluon.jit
 def _tma_step(u: gl.constexpr, i, ws, rs, bs, w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, n_steps,
               sc, sc2, act, acc, acc2, DUAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-              NW: gl.constexpr):
+              NW: gl.constexpr, ORDER: gl.constexpr):
     STAGES: gl.constexpr = 4
     words_l: gl.constexpr = words_layout(BN, BK, NW)
     # When the next step's scales and activation tile are issued: see _next_scales_act.
-    LATE: gl.constexpr = BM > 16
+    LATE: gl.constexpr = ORDER == "late" or (ORDER == "auto" and BM > 16)
     if not LATE:
         sc_nx, sc2_nx, act_nx = _next_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, i, DUAL, BK)
     mbarrier.wait(rs[u], (i // STAGES) & 1)
@@ -128,7 +130,7 @@ def _tma_step(u: gl.constexpr, i, ws, rs, bs, w_desc, w_row, s_ptrs, s2_ptrs, a_
 
 @gluon.jit
 def mainloop_tma(w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, DUAL: gl.constexpr,
-                 BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
+                 BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr, ORDER: gl.constexpr):
     """_mainloop with the weight words streamed by TMA through a ring of 4 shared-memory stages (3 k
     steps ahead per program, independent of registers) instead of 16-byte loads one step ahead. Unrolled
     by 4, every stage and barrier its own allocation: one CTA barrier per step. The K range must hold a
@@ -152,7 +154,8 @@ def mainloop_tma(w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end,
     for i0 in range(0, n_steps, STAGES):
         for u in gl.static_range(STAGES):
             sc, sc2, act, acc, acc2 = _tma_step(u, i0 + u, ws, rs, bs, w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask,
-                                                k_begin, k_end, n_steps, sc, sc2, act, acc, acc2, DUAL, BM, BN, BK, NW)
+                                                k_begin, k_end, n_steps, sc, sc2, act, acc, acc2, DUAL, BM, BN, BK, NW,
+                                                ORDER)
     return acc, acc2
 
 
