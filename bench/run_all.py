@@ -22,6 +22,8 @@ BENCHMARKS = (
     ("producer_split_k.py", (), None),
     ("routed_regs.py", (), None),
     ("routed_ring.py", (), None),  # how the register-dequant kernels bring their weight words (loads, rings)
+    # the TMA ring's load order, early against late, in alternating rounds
+    ("routed_ring.py", ("--rings", "tma", "--orders", "early", "late", "--rounds", "3", "--name", "tma_load_order"), None),
     ("routed_gemv.py", (), None),  # a few decode tokens' routed experts: CUDA-core GEMV against the MMA kernels
     ("routed_gemv_sass.py", (), None),  # static SASS of the GEMV kernels' K loop (no GPU needed)
     ("ncu_routed.py", (), "tool:ncu"),  # hardware counters of the routed L1 kernels (Nsight Compute)
