@@ -199,6 +199,15 @@ def test_a_picked_split_that_does_not_cut_k_runs_whole_k(monkeypatch, rng_seed):
     assert rel_l2(y.cpu(), ref64) < tolerance(torch.bfloat16)
 
 
+def _routed_with(monkeypatch, env: str, value: str, p, cfg) -> torch.Tensor:
+    """The routed op with environment variable env set to value, into a NaN-poisoned output."""
+    monkeypatch.setenv(env, value)
+    y = torch.full_like(p.z, float("nan"))
+    run_experts(*p.routed_args(), out=y, config=cfg)
+    torch.cuda.synchronize()
+    return y
+
+
 RING_CASES = [(KIMI_RANK, 8, (1, 1)), (KIMI_RANK, 16, (1, 1)), (KIMI_RANK, 2, (4, 2)), (KIMI_RANK, 2, (2, 3)),
               (SMALL, 8, (1, 1)), (SMALL, 32, (2, 2))]  # 28 / 7 / 14 and 24 / 12 / 8 steps; SMALL: 4 / 2 steps
 
@@ -221,11 +230,7 @@ def test_weight_rings_match_the_loads_bitwise(sizes, m, split, ring, monkeypatch
                   regs_split=split)
 
     def run(ring):
-        monkeypatch.setenv(RING_ENV, ring)
-        y = torch.full_like(p.z, float("nan"))
-        run_experts(*p.routed_args(), out=y, config=cfg)
-        torch.cuda.synchronize()
-        return y
+        return _routed_with(monkeypatch, RING_ENV, ring, p, cfg)
 
     y_loads, y_ring = run("loads"), run(ring)
     assert torch.equal(y_ring, y_loads)
@@ -251,11 +256,7 @@ def test_tma_load_orders_give_the_same_bits(sizes, m, monkeypatch, rng_seed):
     cfg = replace(pick_config(m * sizes["top_k"], "mxfp4", torch.bfloat16, sizes["num_experts"]), routed_gemv=False)
 
     def run(order):
-        monkeypatch.setenv(LOAD_ORDER_ENV, order)
-        y = torch.full_like(p.z, float("nan"))
-        run_experts(*p.routed_args(), out=y, config=cfg)
-        torch.cuda.synchronize()
-        return y
+        return _routed_with(monkeypatch, LOAD_ORDER_ENV, order, p, cfg)
 
     y_auto = run("auto")
     assert torch.equal(run("early"), y_auto) and torch.equal(run("late"), y_auto)
