@@ -103,9 +103,9 @@ def main() -> None:
     rows = [loop_stats(w, split, ring) for ring in gk.WEIGHT_RINGS for split in ((1, 2) if ring == "loads" else (1,))
             for w in ("l1", "l2")]
     # 32-row blocks (M = 128 at decode; the kernel holds a 16- and a 32-row MMA path): L1's TMA ring with either
-    # load order (gluon_kernels.LOAD_ORDERS; "auto" is late there), L2 on the cp.async ring it runs there
+    # load order (gluon_kernels.LOAD_ORDERS; "auto" is late there), and L2 on its TMA ring
     rows += [loop_stats("l1", 1, "tma", order, 32) for order in ("early", "late")]
-    rows.append(loop_stats("l2", 1, "cp4", "auto", 32))
+    rows.append(loop_stats("l2", 1, "tma", "auto", 32))
     for r in rows:
         print(r, flush=True)
     lines = [f"# Gluon register-dequant kernels: static SASS of the main loop (sm_90, triton {triton.__version__})", "",

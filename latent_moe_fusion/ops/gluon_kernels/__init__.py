@@ -25,10 +25,11 @@ ROW_TILES = (16 * L1_WARPS, 16 * L2_WARPS)  # weight rows per program (16 per wa
 # by registers), or a ring of shared-memory stages (k steps in flight independent of registers) filled per
 # thread by cp.async ("cp2", "cp4": 1 / 3 steps ahead) or by TMA ("tma": 4 stages, 3 steps ahead; L1's
 # gate and up tiles in one box). All give the same bits. H200 (bench/results/routed_ring.md, one token per
-# row): L1 fastest on the TMA ring at M = 8 / 32 / 128; L2 on the TMA ring at M = 8 and 32 (128 and 512
-# pairs) but on the 4-stage cp.async ring at M = 128 (2048 pairs: 8 warps behind one issuing thread).
+# row): L1 and L2 fastest on the TMA ring at M = 8 / 32 / 128 (128 / 512 / 2048 pairs; L2 at M = 128 198
+# against 216 us on the cp.async ring since the TMA ring's single activation buffer ended its spills, 249
+# against 218 before). Beyond the pairs measured, L2 keeps the cp.async ring.
 WEIGHT_RINGS = {"loads": ("loads", 0), "cp2": ("cp", 2), "cp4": ("cp", 4), "tma": ("tma", 4)}
-L2_TMA_MAX_PAIRS = 512
+L2_TMA_MAX_PAIRS = 2048
 
 
 def default_rings(num_pairs: int) -> tuple[str, str]:

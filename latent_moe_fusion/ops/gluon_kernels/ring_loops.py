@@ -7,9 +7,10 @@ loads one step ahead, and each thread reads back its own fragment's 16 bytes.
 - `mainloop_cp`: 2 or 4 stages filled per thread by cp.async (zero-filled past the K range), drained by
   a plain `cp.async.wait_group` (each thread reads back only what it copied).
 
-Both keep the loads loop's one CTA barrier per step (there for the activation tile) as the only one:
-Triton's barrier analysis treats views of one shared-memory allocation as aliases, even at constant
-indices, and would add a barrier per conflicting pair; so every stage and barrier is its own
+The only CTA barriers are the activation tile's: the cp.async ring double-buffers it (one barrier per
+step, as the loads loop), the TMA ring keeps one buffer (two per step, and fewer instructions:
+_tma_step). Triton's barrier analysis treats views of one shared-memory allocation as aliases, even at
+constant indices, and would add a barrier per conflicting pair; so every stage and barrier is its own
 allocation and the loop is unrolled by the ring (the K range must hold whole rounds: gluon_kernels.
 ring_for). Same MMAs on the same dequantised values as the loads loop: the same bits.
 """
@@ -43,9 +44,9 @@ def _next_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, i, DUAL: g
     waits for them too (ncu: a fifth of L1's stall samples at M = 8 on that wait). The TMA ring's step
     issues them after its barrier ("late") for 32-row MMAs, before its stage wait ("early") for 16-row ones
     (ORDER "auto"; gluon_kernels.LOAD_ORDER_ENV forces either): with the late issue ptxas also fits L1's
-    32-row kernel in 167 registers instead of 185 (3 CTAs per SM instead of 2), and L1 at M = 128 took
-    399 against 449 us; 16-row MMAs were faster early (72.8 against 74.0 us at M = 8; H200,
-    bench/results/tma_load_order.md). The cp.async ring issues them first (after its barrier it was slower
+    32-row kernel in 155 registers instead of 177 (3 CTAs per SM instead of 2; 167 against 185 with the
+    double activation buffer, when L1 at M = 128 took 405 against 453 us); 16-row MMAs were faster early
+    (73.8 against 75.0 us at M = 8; H200, bench/results/tma_load_order.md, double buffer). The cp.async ring issues them first (after its barrier it was slower
     at every M)."""
     k_nx = gl.multiple_of(gl.minimum(k_begin + (i + 1) * BK, k_end - BK), BK)
     return load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_nx, DUAL)
@@ -92,7 +93,7 @@ def _tile_words(stage, t: gl.constexpr, DUAL: gl.constexpr, layout: gl.constexpr
 
 
 @gluon.jit
-def _tma_step(u: gl.constexpr, i, ws, rs, bs, w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, n_steps,
+def _tma_step(u: gl.constexpr, i, ws, rs, buf, w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, n_steps,
               sc, sc2, act, acc, acc2, DUAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
               NW: gl.constexpr, ORDER: gl.constexpr):
     STAGES: gl.constexpr = 4
@@ -106,14 +107,18 @@ def _tma_step(u: gl.constexpr, i, ws, rs, bs, w_desc, w_row, s_ptrs, s2_ptrs, a_
     wd2 = wd
     if DUAL:
         wd2 = _tile_words(ws[u], 1, DUAL, words_l)
-    buf = bs[u % 2]
+    # One activation buffer for every step: the compiler puts a CTA barrier before this store (the last
+    # step's wgmma read the buffer), and the loop then keeps its few wgmma descriptors in uniform
+    # registers. With two buffers alternating it rebuilt sixteen per step (~30 uniform moves) and L2
+    # spilled: 415 -> 385 instructions per step in L1 (regs_sass.md), 5-20 % faster on the H200 at M = 8
+    # .. 128 (routed_ring.md against routed_ring_double_act.md).
     buf.store(to_kappa(act, BM, BK))
     # Orders this thread's activation stores and its reads of the stage before the async-proxy accesses
     # after the barrier (the wgmma's read of the activation tile, the stage's refill).
     fence_async_shared()
-    # The one barrier per step: the activation tile is complete, every warp has read stage u - 1 (which
-    # now takes step i + 3; armed one step ago) and waited on stage u (armed now for step i + 4, filled
-    # next step). Every other pair of conflicting accesses is on separate allocations.
+    # The activation tile is complete, every warp has read stage u - 1 (which now takes step i + 3; armed
+    # one step ago) and waited on stage u (armed now for step i + 4, filled next step). Every other pair of
+    # conflicting accesses is on separate allocations.
     gl.thread_barrier()
     if LATE:
         sc_nx, sc2_nx, act_nx = _next_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, i, DUAL, BK)
@@ -133,13 +138,14 @@ def mainloop_tma(w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end,
                  BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr, ORDER: gl.constexpr):
     """_mainloop with the weight words streamed by TMA through a ring of 4 shared-memory stages (3 k
     steps ahead per program, independent of registers) instead of 16-byte loads one step ahead. Unrolled
-    by 4, every stage and barrier its own allocation: one CTA barrier per step. The K range must hold a
+    by 4, every stage and barrier its own allocation: two CTA barriers per step, both for the activation
+    tile (complete before the wgmma; read by the last step's wgmma before the store). The K range must hold a
     whole number of rounds (the launcher takes the loads otherwise: a guarded last round cost registers
     and time in the whole kernel, run 10 of bench/results/producer_notes.md)."""
     STAGES: gl.constexpr = 4
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
     b_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    bs = (gl.allocate_shared_memory(gl.bfloat16, [BM, BK], b_sl), gl.allocate_shared_memory(gl.bfloat16, [BM, BK], b_sl))
+    buf = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], b_sl)  # one activation buffer: see _tma_step
     ws, rs = _alloc_ring(w_desc, STAGES)
     for st in gl.static_range(STAGES):
         mbarrier.init(rs[st], count=1)
@@ -153,7 +159,7 @@ def mainloop_tma(w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end,
     sc, sc2, act = load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, DUAL)
     for i0 in range(0, n_steps, STAGES):
         for u in gl.static_range(STAGES):
-            sc, sc2, act, acc, acc2 = _tma_step(u, i0 + u, ws, rs, bs, w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask,
+            sc, sc2, act, acc, acc2 = _tma_step(u, i0 + u, ws, rs, buf, w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask,
                                                 k_begin, k_end, n_steps, sc, sc2, act, acc, acc2, DUAL, BM, BN, BK, NW,
                                                 ORDER)
     return acc, acc2
