@@ -110,7 +110,7 @@ def _tma_step(u: gl.constexpr, i, ws, rs, buf, w_desc, w_row, s_ptrs, s2_ptrs, a
     # One activation buffer for every step: the compiler puts a CTA barrier before this store (the last
     # step's wgmma read the buffer), and the loop then keeps its few wgmma descriptors in uniform
     # registers. With two buffers alternating it rebuilt sixteen per step (~30 uniform moves) and L2
-    # spilled: 415 -> 385 instructions per step in L1 (regs_sass.md); on the H200 L1 4-5 % faster at M = 8
+    # spilled: 415 -> 385 instructions per step in L1 (regs_sass.md); on the H200 L1 3-5 % faster at M = 8
     # .. 128, L2 5 % at M = 8 / 32 and 20 % at M = 128 (routed_ring.md against routed_ring_double_act.md).
     buf.store(to_kappa(act, BM, BK))
     # Orders this thread's activation stores and its reads of the stage before the async-proxy accesses
