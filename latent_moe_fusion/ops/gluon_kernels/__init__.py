@@ -127,7 +127,8 @@ def load_order() -> str:
 def ring_for(ring: str, k_steps: int, split: int) -> str:
     """The ring a kernel call takes: a ring loop runs whole rounds of its stages (unrolled, one allocation per
     stage), so a K range that is no multiple of them takes the loads; so do K slices (a single token's few
-    programs: regs_split), where the rings were not measured and L1's TMA ring needs 146 registers."""
+    programs: regs_split), where L1's TMA ring needs 146 registers here. A tree that rebased the ring to the
+    slice and ran slices on the rings was slower at every M than whole K (bench/results/routed_split.md)."""
     if ring not in WEIGHT_RINGS:
         raise ValueError(f"unknown weight ring {ring!r}: expected one of {', '.join(WEIGHT_RINGS)}")
     return ring if split == 1 and k_steps % max(WEIGHT_RINGS[ring][1], 1) == 0 else "loads"
