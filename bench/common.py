@@ -123,6 +123,44 @@ def time_graph_ms(step: Callable[[int], Any], num_sets: int, replays: int = 20, 
     return times[len(times) // 2]
 
 
+def capture_graph(step: Callable[[int], Any], num_sets: int, warmup: int = 3) -> torch.cuda.CUDAGraph:
+    """One CUDA graph holding step(i) for every input set i (compiled / autotuned outside capture first)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(num_sets):
+            step(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(num_sets):
+            step(i)
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def time_graphs_interleaved_ms(steps: dict[str, Callable[[int], Any]], num_sets: int, rounds: int = 5,
+                               replays: int = 6) -> dict[str, float]:
+    """time_graph_ms for several variants at once: one graph each, replayed in alternating rounds (each round
+    `replays` replays of every graph in turn), so that clock, thermal and L2 drift hits every variant alike.
+    Median ms per call (replay time / num_sets) of each."""
+    graphs = {name: capture_graph(step, num_sets) for name, step in steps.items()}
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, graph in graphs.items():
+            for _ in range(replays):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                samples[name].append(start.elapsed_time(end) / num_sets)
+    return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
+
+
 @contextlib.contextmanager
 def env_applied(env: dict[str, str]):
     """Environment variables set for the duration (the library's tuning switches are read per call)."""

@@ -139,3 +139,25 @@ def test_the_kernel_modules_leave_the_package_functions_alone():
     for name in ("weight_rings", "ring_for", "default_rings", "max_registers", "regs_path_reason", "split_reason", "load_order",
                  "launch_routed_l1", "launch_routed_l2"):
         assert callable(getattr(gk, name)), name
+
+
+@pytest.mark.parametrize("value", ["128", "12,auto", "300,80", "auto,many", "128,80,64"])
+def test_a_bad_register_cap_says_what_it_takes(value, monkeypatch):
+    from latent_moe_fusion.ops.gluon_kernels import MAXNREG_ENV, max_registers
+
+    monkeypatch.setenv(MAXNREG_ENV, value)
+    with pytest.raises(ValueError, match=f"{MAXNREG_ENV}=.*expected L1,L2"):
+        max_registers("l1", "tma")
+
+
+def test_the_register_caps_follow_the_override(monkeypatch):
+    from latent_moe_fusion.ops.gluon_kernels import L1_MAX_REGISTERS, L2_MAX_REGISTERS, MAXNREG_ENV, max_registers
+
+    monkeypatch.delenv(MAXNREG_ENV, raising=False)
+    assert (max_registers("l1", "tma"), max_registers("l1", "cp"), max_registers("l2", "tma")) == (
+        None, L1_MAX_REGISTERS, L2_MAX_REGISTERS)
+    monkeypatch.setenv(MAXNREG_ENV, "128,none")
+    assert (max_registers("l1", "tma"), max_registers("l2", "cp")) == (128, None)
+    monkeypatch.setenv(MAXNREG_ENV, "auto,96")
+    assert (max_registers("l1", "tma"), max_registers("l1", "loads"), max_registers("l2", "tma")) == (
+        None, L1_MAX_REGISTERS, 96)

@@ -49,8 +49,31 @@ LOAD_ORDERS = ("auto", "early", "late")
 L1_MAX_REGISTERS, L2_MAX_REGISTERS = 128, 80
 
 
+# Tuning override of those caps: "L1,L2", each a register count in 24 .. 255, "none" (uncapped) or "auto"
+# (the default above), e.g. "128,auto" caps L1's TMA ring at 128 (4 CTAs per SM instead of 3 at 32 rows).
+MAXNREG_ENV = "LMF_MXFP4_MAXNREG"
+
+
+def _maxnreg_override() -> tuple[str, str]:
+    raw = os.environ.get(MAXNREG_ENV, "")
+    if not raw:
+        return "auto", "auto"
+    parts = tuple(p.strip() for p in raw.split(","))
+    ok = len(parts) == 2 and all(p in ("auto", "none") or (p.isdigit() and 24 <= int(p) <= 255) for p in parts)
+    if not ok:
+        raise ValueError(f"{MAXNREG_ENV}={raw!r}: expected L1,L2 with each a register count in 24 .. 255, "
+                         "'none' (uncapped) or 'auto' (the measured default), e.g. 128,auto")
+    return parts
+
+
 def max_registers(kernel: str, ring_kind: str) -> int | None:
-    """The maxnreg a register-dequant kernel ("l1" / "l2") is launched with for its ring kind."""
+    """The maxnreg a register-dequant kernel ("l1" / "l2") is launched with for its ring kind
+    (MAXNREG_ENV overrides it)."""
+    override = _maxnreg_override()[0 if kernel == "l1" else 1]
+    if override == "none":
+        return None
+    if override != "auto":
+        return int(override)
     if kernel == "l1":
         return None if ring_kind == "tma" else L1_MAX_REGISTERS
     return L2_MAX_REGISTERS
