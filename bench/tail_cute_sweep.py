@@ -9,7 +9,8 @@ table's config: the K order is the same), then all of one M are timed in alterna
 replays over rotating L2-cold input sets (bench.common.time_graphs_interleaved_ms), with the Triton tail
 (the other backend of the bucket choice, tail_cute_choice.json) in the same rounds.
 
-    PYTHONPATH=. python3 bench/tail_cute_sweep.py --out bench/results [--m 8 32 128] [--r 1]
+    PYTHONPATH=. python3 bench/tail_cute_sweep.py --out bench/results [--m 8 32 128] [--r 1] [--stages 4 8 12]
+        [--full-only] [--name NAME]
 """
 
 from __future__ import annotations
@@ -31,15 +32,17 @@ from latent_moe_fusion.ops.cute.tail_configs import CuteTailConfig, pick_config 
 ERR_OK = 6e-3
 
 
-def candidates(m: int) -> list[CuteTailConfig]:
+def candidates(m: int, stages_list: tuple[int, ...] = (4, 8, 12), full_only: bool = False) -> list[CuteTailConfig]:
     """The table's config first, then swap-AB tiles of 64 hidden rows by tokens / 8 .. the bucket's tokens
-    (at least 8) and of 128 rows by tokens / 2 and tokens, at a few pipeline depths that fit shared memory."""
+    (at least 8) and of 128 rows by tokens / 2 and tokens (full_only: 64 rows by the bucket's tokens alone), at
+    the pipeline depths of stages_list that fit shared memory."""
     table = pick_config(m)
     tokens = table.mma_n if table.swap_ab else m
-    shapes = [(64, n) for n in (tokens // 8, tokens // 4, tokens // 2, tokens)] + [(128, tokens // 2), (128, tokens)]
+    shapes = [(64, tokens)] if full_only else (
+        [(64, n) for n in (tokens // 8, tokens // 4, tokens // 2, tokens)] + [(128, tokens // 2), (128, tokens)])
     out = [table]
     for mma_m, n in shapes:
-        for stages in (4, 8, 12) if mma_m == 64 else (4, 8):
+        for stages in stages_list:
             cfg = CuteTailConfig(swap_ab=True, mma_m=mma_m, mma_n=n, stages=stages)
             try:
                 cfg.check()
@@ -55,6 +58,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--m", type=int, nargs="+", default=[8, 32, 64, 128])
     ap.add_argument("--r", type=int, nargs="+", default=[1])
+    ap.add_argument("--stages", type=int, nargs="+", default=[4, 8, 12], help="pipeline depths to try")
+    ap.add_argument("--full-only", action="store_true", help="only 64 hidden rows by the bucket's tokens")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--name", default="tail_cute_sweep")
     args = ap.parse_args()
@@ -68,7 +73,7 @@ def main() -> None:
             nbytes = (N * K + m * K + r * m * N + m * N) * 2
             floor = 1e6 * max(nbytes / ceil["copy_bytes_per_s"], 2 * m * N * K / ceil["bf16_flop_per_s"])
             steps, info, first = {}, {}, None
-            for cfg in candidates(m):
+            for cfg in candidates(m, tuple(args.stages), args.full_only):
                 start = time.perf_counter()
                 try:
                     tail_runtime.compile_kernel(tail_runtime.KernelKey(tail_runtime.target_arch(), DTYPE, r, cfg))

@@ -141,7 +141,7 @@ def test_the_kernel_modules_leave_the_package_functions_alone():
         assert callable(getattr(gk, name)), name
 
 
-@pytest.mark.parametrize("value", ["128", "12,auto", "300,80", "auto,many", "128,80,64"])
+@pytest.mark.parametrize("value", ["12", "12,auto", "300,80", "auto,many", "128,80,64", "128,"])
 def test_a_bad_register_cap_says_what_it_takes(value, monkeypatch):
     from latent_moe_fusion.ops.gluon_kernels import MAXNREG_ENV, max_registers
 
@@ -158,6 +158,8 @@ def test_the_register_caps_follow_the_override(monkeypatch):
         None, L1_MAX_REGISTERS, L2_MAX_REGISTERS)
     monkeypatch.setenv(MAXNREG_ENV, "128,none")
     assert (max_registers("l1", "tma"), max_registers("l2", "cp")) == (128, None)
+    monkeypatch.setenv(MAXNREG_ENV, "none")
+    assert (max_registers("l1", "cp"), max_registers("l2", "tma")) == (None, None)
     monkeypatch.setenv(MAXNREG_ENV, "auto,96")
     assert (max_registers("l1", "tma"), max_registers("l1", "loads"), max_registers("l2", "tma")) == (
         None, L1_MAX_REGISTERS, 96)

@@ -62,19 +62,23 @@ class CuteTailConfig:
             raise ValueError(f"{self.label()} needs {self.smem_bytes()} bytes of shared memory (> {SMEM_BYTES})")
 
 
-def _decode(tokens: int, stages: int = 8) -> CuteTailConfig:
+def _decode(tokens: int, stages: int) -> CuteTailConfig:
     return CuteTailConfig(swap_ab=True, mma_m=64, mma_n=tokens, stages=stages)
 
 
 PREFILL = CuteTailConfig(swap_ab=False, mma_m=128, mma_n=128, stages=3)
 
-# (largest M of the bucket, config); the first bucket with M <= bound serves M.
+# (largest M of the bucket, config); the first bucket with M <= bound serves M. Decode: one 64-row tile of
+# the bucket's tokens per CTA (112 CTAs at N = 7168) as deep as shared memory allows to a point: on the H200
+# 12 stages beat 8 by 3-4 % at M = 8 / 32, 10 at M = 64, 8 beat 6 by 9 % at M = 128; smaller token tiles
+# (more CTAs) and two warpgroups per CTA were slower everywhere (bench/results/tail_cute_sweep.md,
+# tail_cute_stages.md). M = 16 is unmeasured and takes M = 8 / 32's depth.
 TABLE: tuple[tuple[int, CuteTailConfig], ...] = (
-    (8, _decode(8)),
-    (16, _decode(16)),
-    (32, _decode(32)),
-    (64, _decode(64)),
-    (128, _decode(128, stages=6)),
+    (8, _decode(8, stages=12)),
+    (16, _decode(16, stages=12)),
+    (32, _decode(32, stages=12)),
+    (64, _decode(64, stages=10)),
+    (128, _decode(128, stages=8)),
     (1 << 62, PREFILL),
 )
 

@@ -49,7 +49,7 @@ LOAD_ORDERS = ("auto", "early", "late")
 L1_MAX_REGISTERS, L2_MAX_REGISTERS = 128, 80
 
 
-# Tuning override of those caps: "L1,L2", each a register count in 24 .. 255, "none" (uncapped) or "auto"
+# Tuning override of those caps: "L1,L2" (or one value for both), each a register count in 24 .. 255, "none" (uncapped) or "auto"
 # (the default above), e.g. "128,auto" caps L1's TMA ring at 128 (4 CTAs per SM instead of 3 at 32 rows).
 MAXNREG_ENV = "LMF_MXFP4_MAXNREG"
 
@@ -59,10 +59,12 @@ def _maxnreg_override() -> tuple[str, str]:
     if not raw:
         return "auto", "auto"
     parts = tuple(p.strip() for p in raw.split(","))
+    if len(parts) == 1:
+        parts = parts * 2
     ok = len(parts) == 2 and all(p in ("auto", "none") or (p.isdigit() and 24 <= int(p) <= 255) for p in parts)
     if not ok:
-        raise ValueError(f"{MAXNREG_ENV}={raw!r}: expected L1,L2 with each a register count in 24 .. 255, "
-                         "'none' (uncapped) or 'auto' (the measured default), e.g. 128,auto")
+        raise ValueError(f"{MAXNREG_ENV}={raw!r}: expected L1,L2 (or one value for both), each a register "
+                         "count in 24 .. 255, 'none' (uncapped) or 'auto' (the measured default), e.g. 128,auto")
     return parts
 
 
