@@ -36,7 +36,7 @@ from latent_moe_fusion.ops.cute import tail_runtime  # noqa: E402
 from latent_moe_fusion.ops.cute.tail_configs import TABLE, bucket_bound, pick_config  # noqa: E402
 
 K, N = 3584, 7168
-M_VALUES = (1, 8, 16, 32, 64, 128, 512, 4096)  # every decode bucket measured
+M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 512, 4096)  # every decode bucket measured
 R_VALUES = (1, 8)
 DTYPE = torch.bfloat16
 CHOICE_MARGIN = 0.03  # cute must be >= 3% faster than Triton (above run-to-run noise) to take a bucket

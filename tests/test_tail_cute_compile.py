@@ -47,6 +47,14 @@ def test_configs_are_valid_and_bucketed():
     assert bucket_bound(9) == 16 and bucket_bound(4096) == TABLE[-1][0]
 
 
+def test_the_tokens_the_triton_gemv_serves_are_a_bucket_of_their_own():
+    """The backend choice is per bucket; Triton's tail switches kernels above GEMV_MAX_M, so a bucket that
+    straddled that bound would be decided by two different Triton kernels at once."""
+    from latent_moe_fusion.ops.triton_kernels.tail_configs import GEMV_MAX_M
+
+    assert bucket_bound(GEMV_MAX_M) == GEMV_MAX_M and bucket_bound(GEMV_MAX_M + 1) > GEMV_MAX_M
+
+
 def _args(m=8, k=128, n=256, r=2, dtype=torch.bfloat16, mode="local"):
     y = torch.randn(m, k, dtype=dtype)
     w = torch.randn(n, k, dtype=dtype)
