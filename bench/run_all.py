@@ -14,6 +14,10 @@ BENCH_DIR = Path(__file__).resolve().parent
 BENCHMARKS = (
     ("tail.py", (), None),
     ("tail.py", ("--gemv", "--no-bench"), None),  # the few-token GEMV against swap-AB (tail_gemv.md)
+    # CuTe tail tiles at decode sizes (tail_configs.TABLE's choice), then its pipeline depths
+    ("tail_cute_sweep.py", (), "cutlass"),
+    ("tail_cute_sweep.py", ("--full-only", "--stages", "6", "8", "9", "10", "12", "14", "16", "20", "24", "--rounds", "7",
+                            "--name", "tail_cute_stages"), "cutlass"),
     ("tail_cute.py", (), "cutlass"),
     ("tail_cublas.py", (), None),  # after tail_cute: it compares cuBLAS addmm with the tail the op then picks
     ("producer.py", (), None),
@@ -24,6 +28,11 @@ BENCHMARKS = (
     ("routed_ring.py", (), None),  # how the register-dequant kernels bring their weight words (loads, rings)
     # the TMA ring's load order, early against late, in alternating rounds
     ("routed_ring.py", ("--rings", "tma", "--orders", "early", "late", "--rounds", "3", "--name", "tma_load_order"), None),
+    # the same for 16-row MMAs on the single-activation-buffer ring (this tree's), and L1's register cap at 32 rows
+    ("routed_ring.py", ("--m", "8", "32", "--rings", "tma", "--orders", "early", "late", "--rounds", "3",
+                        "--name", "tma_load_order_single"), None),
+    ("routed_ring.py", ("--m", "128", "--rings", "tma", "--maxnreg", "auto", "128,auto", "136,auto", "--rounds", "3",
+                        "--name", "routed_maxnreg"), None),
     ("routed_gemv.py", (), None),  # a few decode tokens' routed experts: CUDA-core GEMV against the MMA kernels
     ("routed_gemv_sass.py", (), None),  # static SASS of the GEMV kernels' K loop (no GPU needed)
     ("ncu_routed.py", (), "tool:ncu"),  # hardware counters of the routed L1 kernels (Nsight Compute)
