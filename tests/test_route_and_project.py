@@ -5,7 +5,13 @@ import pytest
 import torch
 
 from latent_moe_fusion.model.router import route_from_logits, router_logits
-from latent_moe_fusion.ops.route_and_project import OVERLAP_ENV, OVERLAP_MAX_TOKENS, overlap_wanted
+from latent_moe_fusion.ops.route_and_project import (
+    OVERLAP_ENV,
+    OVERLAP_MAX_TOKENS,
+    OVERLAP_ORDER_ENV,
+    overlap_order,
+    overlap_wanted,
+)
 from latent_moe_fusion.ops.routing import localize, route_reference
 from tests.bad_arguments import assert_refused
 
@@ -91,3 +97,13 @@ def test_side_by_side_switch(monkeypatch):
     monkeypatch.setenv(OVERLAP_ENV, "yes")
     with pytest.raises(ValueError, match="LMF_ROUTER_OVERLAP='yes': expected 1"):
         overlap_wanted(1)
+
+
+def test_launch_order_switch(monkeypatch):
+    monkeypatch.delenv(OVERLAP_ORDER_ENV, raising=False)
+    assert overlap_order() == "router"
+    monkeypatch.setenv(OVERLAP_ORDER_ENV, "down")
+    assert overlap_order() == "down"
+    monkeypatch.setenv(OVERLAP_ORDER_ENV, "gate")
+    with pytest.raises(ValueError, match="LMF_ROUTER_OVERLAP_ORDER='gate': expected one of router, down"):
+        overlap_order()

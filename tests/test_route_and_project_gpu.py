@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import latent_moe_fusion as lmf
 from latent_moe_fusion.fusion_pass import FusionConfig
 from latent_moe_fusion.model.router import router_logits
-from latent_moe_fusion.ops.route_and_project import OVERLAP_ENV
+from latent_moe_fusion.ops.route_and_project import OVERLAP_ENV, OVERLAP_ORDER_ENV
 
 pytestmark = pytest.mark.gpu
 
@@ -33,11 +33,13 @@ def _unfused(x, gate, bias, w_down, router_gemm):
     return ids, w, F.linear(x, w_down)
 
 
-@pytest.mark.parametrize("side_by_side", ["1", "0"])
+@pytest.mark.parametrize("side_by_side", ["1", "0", "1,down"])
 @pytest.mark.parametrize("router_gemm", ["bf16", "fp32"])
 @pytest.mark.parametrize("m", [1, 8, 37, 128])
 def test_bitwise_the_unfused_calls(weights, monkeypatch, rng_seed, m, router_gemm, side_by_side):
-    monkeypatch.setenv(OVERLAP_ENV, side_by_side)
+    flag, _, order = side_by_side.partition(",")
+    monkeypatch.setenv(OVERLAP_ENV, flag)
+    monkeypatch.setenv(OVERLAP_ORDER_ENV, order or "router")
     x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
     got = OP(x, *weights, router_gemm, K, 1e-20, 1.0, FIRST, NUM_LOCAL)
     for a, b in zip(got, _unfused(x, *weights, router_gemm), strict=True):

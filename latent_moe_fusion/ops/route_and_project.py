@@ -38,6 +38,12 @@ OVERLAP_ENV = "LMF_ROUTER_OVERLAP"  # "1" always side by side, "0" never (A/B sw
 # 29.7 / 23.5, M = 32 33.7 / 25.6, M = 64 35.5 / 27.3, M = 128 34.9 / 36.9 (bench/results/router_overlap.md).
 # The fusion pass does not insert the op for a static batch above it (fusion_pass/router_overlap.py).
 OVERLAP_MAX_TOKENS = 64
+# Which branch is launched first when they run side by side (A/B switch): "router" (default: the router chain
+# first on the caller's stream, then the down-projection on the side stream) or "down" (the down-projection
+# first, on the side stream; the router chain after it on the caller's stream). Either way the side stream
+# forks before both, so neither waits on the other; only the launch order, and so the GPU's, changes.
+OVERLAP_ORDER_ENV = "LMF_ROUTER_OVERLAP_ORDER"
+OVERLAP_ORDERS = ("router", "down")
 
 
 def validate_route_and_project(
@@ -82,6 +88,14 @@ def overlap_wanted(num_tokens: int) -> bool:
     return forced == "1" if forced else num_tokens <= OVERLAP_MAX_TOKENS
 
 
+def overlap_order() -> str:
+    order = os.environ.get(OVERLAP_ORDER_ENV, "") or "router"
+    if order not in OVERLAP_ORDERS:
+        raise ValueError(f"{OVERLAP_ORDER_ENV}={order!r}: expected one of {', '.join(OVERLAP_ORDERS)} (the branch "
+                         "launched first) or unset (router)")
+    return order
+
+
 def route_and_project_cuda(x, gate_weight, correction_bias, w_down, router_gemm, top_k, renorm_eps,
                            scaling_factor, first_expert, num_local):
     """The router chain on the caller's stream, the down-projection beside it on a side stream."""
@@ -95,9 +109,14 @@ def route_and_project_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
     # across the streams outlives the join, so the allocator needs no record_stream.
     z = torch.empty(x.shape[0], w_down.shape[0], dtype=x.dtype, device=x.device)
     side.wait_stream(main)  # the fork precedes the router's launches: the down-projection waits on nothing of them
+    down_first = overlap_order() == "down"
+    if down_first:
+        with torch.cuda.stream(side):
+            torch.mm(x, w_down.t(), out=z)
     ids, weights = torch.ops.lmf.noaux_tc_route(router_logits(x, gate_weight, router_gemm), *route_args)
-    with torch.cuda.stream(side):
-        torch.mm(x, w_down.t(), out=z)
+    if not down_first:
+        with torch.cuda.stream(side):
+            torch.mm(x, w_down.t(), out=z)
     main.wait_stream(side)
     return ids, weights, z
 
