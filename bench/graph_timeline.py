@@ -136,7 +136,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    ap.add_argument("--m", type=int, nargs="*", default=[1, 8])
+    ap.add_argument("--m", type=int, nargs="*", default=[1, 8, 32])
     ap.add_argument("--name", default="graph_timeline")
     args = ap.parse_args()
     block, base, fused, _ = compiled_rank_block()
