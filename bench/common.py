@@ -97,30 +97,19 @@ def time_graph_ms(step: Callable[[int], Any], num_sets: int, replays: int = 20, 
     The graph holds one call per input set (so consecutive calls read different, L2-cold data);
     the figure is the graph's replay time divided by num_sets.
     """
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(num_sets):  # compile / autotune outside capture
-            step(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(num_sets):
-            step(i)
-    for _ in range(warmup):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / num_sets)
-    times.sort()
+    graph = capture_graph(step, num_sets, warmup)
+    times = sorted(replay_ms(graph) / num_sets for _ in range(replays))
     return times[len(times) // 2]
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
+    """Milliseconds of one replay (CUDA events around it, synchronised)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def capture_graph(step: Callable[[int], Any], num_sets: int, warmup: int = 3) -> torch.cuda.CUDAGraph:
@@ -151,13 +140,7 @@ def time_graphs_interleaved_ms(steps: dict[str, Callable[[int], Any]], num_sets:
     samples: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(rounds):
         for name, graph in graphs.items():
-            for _ in range(replays):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                samples[name].append(start.elapsed_time(end) / num_sets)
+            samples[name] += [replay_ms(graph) / num_sets for _ in range(replays)]
     return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
 
 

@@ -78,6 +78,20 @@ class Inputs:
         return acc
 
 
+def tail_floor_us(m: int, r: int, ceilings: dict[str, float]) -> float:
+    """W, A, the fragments and out once over the copy bandwidth, or the FLOPs over the matmul rate."""
+    nbytes = (N * K + m * K + r * m * N + m * N) * 2
+    return 1e6 * max(nbytes / ceilings["copy_bytes_per_s"], 2 * m * N * K / ceilings["bf16_flop_per_s"])
+
+
+def cases(ms: list[int], rs: list[int], ceilings: dict[str, float]):
+    """(M, R, fresh inputs, their float64 reference, the floor in us) for every R, then M."""
+    for r in rs:
+        for m in ms:
+            inputs = Inputs(m, r)
+            yield m, r, inputs, inputs.reference(), tail_floor_us(m, r, ceilings)
+
+
 def checked_error(fn, inputs: Inputs, ref: torch.Tensor) -> float:
     out = inputs.out[0].fill_(float("nan"))
     fn(inputs.a[0], inputs.w[0], inputs.f[0], out)
@@ -144,33 +158,27 @@ def main() -> None:
     meta["cute_compile_s"] = compile_s
 
     rows = []
-    for r in args.r:
-        for m in args.m:
-            inputs = Inputs(m, r)
-            ref = inputs.reference()
-            nbytes = (N * K + m * K + r * m * N + m * N) * 2
-            floor = 1e6 * max(nbytes / ceil["copy_bytes_per_s"], 2 * m * N * K / ceil["bf16_flop_per_s"])
-            row = {"M": m, "R": r, "cute_config": pick_config(m).label(), "floor_us": floor}
-            row["cute_err"] = checked_error(cute, inputs, ref)
-            row["cute_err_ok"] = bool(row["cute_err"] < 6e-3)
-            first = inputs.out[0].clone()
-            cute(inputs.a[0], inputs.w[0], inputs.f[0], inputs.out[0])
-            row["cute_deterministic"] = bool(torch.equal(first, inputs.out[0]))
-            row["cute_us"] = graph_us(cute, inputs)
-            row["launch_us"] = launch_us(inputs)
-            if triton_tail is not None:
-                row["triton_err"] = checked_error(triton, inputs, ref)
-                row["triton_us"] = graph_us(triton, inputs)
-            else:
-                row["triton_us"] = graph_us(unfused, inputs)
-            row["unfused_us"] = graph_us(unfused, inputs)
-            row["cute_vs_triton"] = row["triton_us"] / row["cute_us"]
-            row["cute_x_floor"] = row["cute_us"] / floor
-            rows.append(row)
-            print(f"M={m:5d} R={r} cute {row['cute_us']:8.2f} us  triton {row['triton_us']:8.2f} us  "
-                  f"unfused {row['unfused_us']:8.2f}  floor {floor:7.2f}  x{row['cute_vs_triton']:.2f}  "
-                  f"err {row['cute_err']:.2e} launch {row['launch_us']:.1f} us", flush=True)
-            del inputs
+    for m, r, inputs, ref, floor in cases(args.m, args.r, ceil):
+        row = {"M": m, "R": r, "cute_config": pick_config(m).label(), "floor_us": floor}
+        row["cute_err"] = checked_error(cute, inputs, ref)
+        row["cute_err_ok"] = bool(row["cute_err"] < 6e-3)
+        first = inputs.out[0].clone()
+        cute(inputs.a[0], inputs.w[0], inputs.f[0], inputs.out[0])
+        row["cute_deterministic"] = bool(torch.equal(first, inputs.out[0]))
+        row["cute_us"] = graph_us(cute, inputs)
+        row["launch_us"] = launch_us(inputs)
+        if triton_tail is not None:
+            row["triton_err"] = checked_error(triton, inputs, ref)
+            row["triton_us"] = graph_us(triton, inputs)
+        else:
+            row["triton_us"] = graph_us(unfused, inputs)
+        row["unfused_us"] = graph_us(unfused, inputs)
+        row["cute_vs_triton"] = row["triton_us"] / row["cute_us"]
+        row["cute_x_floor"] = row["cute_us"] / floor
+        rows.append(row)
+        print(f"M={m:5d} R={r} cute {row['cute_us']:8.2f} us  triton {row['triton_us']:8.2f} us  "
+              f"unfused {row['unfused_us']:8.2f}  floor {floor:7.2f}  x{row['cute_vs_triton']:.2f}  "
+              f"err {row['cute_err']:.2e} launch {row['launch_us']:.1f} us", flush=True)
 
     choice = choose(rows)
     meta["comparison"] = "triton tail_fused" if triton_tail is not None else f"unfused cuBLAS ({TRITON_ERROR})"

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import environment, measure_ceilings, time_graphs_interleaved_ms, write_results  # noqa: E402
-from bench.tail_cute import DTYPE, Inputs, K, N, checked_error, triton, triton_tail  # noqa: E402
+from bench.tail_cute import DTYPE, K, N, cases, checked_error, triton, triton_tail  # noqa: E402
 from latent_moe_fusion.ops.cute import tail_runtime  # noqa: E402
 from latent_moe_fusion.ops.cute.tail_configs import CuteTailConfig, pick_config  # noqa: E402
 
@@ -66,45 +66,39 @@ def main() -> None:
     torch.manual_seed(0)
     ceil = measure_ceilings()
     rows = []
-    for r in args.r:
-        for m in args.m:
-            inputs = Inputs(m, r)
-            ref = inputs.reference()
-            nbytes = (N * K + m * K + r * m * N + m * N) * 2
-            floor = 1e6 * max(nbytes / ceil["copy_bytes_per_s"], 2 * m * N * K / ceil["bf16_flop_per_s"])
-            steps, info, first = {}, {}, None
-            for cfg in candidates(m, tuple(args.stages), args.full_only):
-                start = time.perf_counter()
-                try:
-                    tail_runtime.compile_kernel(tail_runtime.KernelKey(tail_runtime.target_arch(), DTYPE, r, cfg))
-                except Exception as exc:  # a config the kernel cannot build: recorded, not fatal
-                    info[cfg.label()] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-                    continue
-                compile_s = time.perf_counter() - start
+    for m, r, inputs, ref, floor in cases(args.m, args.r, ceil):
+        steps, info, first = {}, {}, None
+        for cfg in candidates(m, tuple(args.stages), args.full_only):
+            start = time.perf_counter()
+            try:
+                tail_runtime.compile_kernel(tail_runtime.KernelKey(tail_runtime.target_arch(), DTYPE, r, cfg))
+            except Exception as exc:  # a config the kernel cannot build: recorded, not fatal
+                info[cfg.label()] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                continue
+            compile_s = time.perf_counter() - start
 
-                def run(a, w, f, out, cfg=cfg):
-                    return tail_runtime.tail_cute_fused(a, w, f, out=out, cfg=cfg)
+            def run(a, w, f, out, cfg=cfg):
+                return tail_runtime.tail_cute_fused(a, w, f, out=out, cfg=cfg)
 
-                err = checked_error(run, inputs, ref)
-                out = inputs.out[0].clone()
-                first = out if first is None else first
-                info[cfg.label()] = {"err": err, "bitwise_table": bool(torch.equal(out, first)),
-                                     "compile_s": round(compile_s, 1),
-                                     "ctas": -(-N // cfg.hidden_per_tile) * -(-m // cfg.tokens_per_tile)}
-                if err < ERR_OK:
-                    steps[cfg.label()] = (lambda i, run=run, x=inputs: run(x.a[i], x.w[i], x.f[i], x.out[i]))
-            if triton_tail is not None:  # the Triton tail, for the per-bucket backend choice
-                info["triton"] = {"err": checked_error(triton, inputs, ref)}
-                steps["triton"] = lambda i, x=inputs: triton(x.a[i], x.w[i], x.f[i], x.out[i])
-            times = time_graphs_interleaved_ms(steps, inputs.num, rounds=args.rounds)
-            table_label = pick_config(m).label()
-            for label, row_info in info.items():
-                us = 1e3 * times[label] if label in times else float("nan")
-                row = {"M": m, "R": r, "config": label, "table": label == table_label, "us": us, "floor_us": floor,
-                       "x_floor": us / floor, "vs_table": 1e3 * times.get(table_label, float("nan")) / us} | row_info
-                rows.append(row)
-                print(row, flush=True)
-            del inputs
+            err = checked_error(run, inputs, ref)
+            out = inputs.out[0].clone()
+            first = out if first is None else first
+            info[cfg.label()] = {"err": err, "bitwise_table": bool(torch.equal(out, first)),
+                                 "compile_s": round(compile_s, 1),
+                                 "ctas": -(-N // cfg.hidden_per_tile) * -(-m // cfg.tokens_per_tile)}
+            if err < ERR_OK:
+                steps[cfg.label()] = (lambda i, run=run, x=inputs: run(x.a[i], x.w[i], x.f[i], x.out[i]))
+        if triton_tail is not None:  # the Triton tail, for the per-bucket backend choice
+            info["triton"] = {"err": checked_error(triton, inputs, ref)}
+            steps["triton"] = lambda i, x=inputs: triton(x.a[i], x.w[i], x.f[i], x.out[i])
+        times = time_graphs_interleaved_ms(steps, inputs.num, rounds=args.rounds)
+        table_label = pick_config(m).label()
+        for label, row_info in info.items():
+            us = 1e3 * times[label] if label in times else float("nan")
+            row = {"M": m, "R": r, "config": label, "table": label == table_label, "us": us, "floor_us": floor,
+                   "x_floor": us / floor, "vs_table": 1e3 * times.get(table_label, float("nan")) / us} | row_info
+            rows.append(row)
+            print(row, flush=True)
     meta = environment() | {k: f"{v:.4g}" for k, v in ceil.items()} | {
         "K": K, "N": N, "dtype": "bfloat16",
         "timing": f"CUDA-graph replay over rotating L2-cold input sets, {args.rounds} alternating rounds, median"}
