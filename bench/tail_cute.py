@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -84,7 +85,7 @@ def tail_floor_us(m: int, r: int, ceilings: dict[str, float]) -> float:
     return 1e6 * max(nbytes / ceilings["copy_bytes_per_s"], 2 * m * N * K / ceilings["bf16_flop_per_s"])
 
 
-def cases(ms: list[int], rs: list[int], ceilings: dict[str, float]):
+def cases(ms: list[int], rs: list[int], ceilings: dict[str, float]) -> Iterator[tuple[int, int, Inputs, torch.Tensor, float]]:
     """(M, R, fresh inputs, their float64 reference, the floor in us) for every R, then M."""
     for r in rs:
         for m in ms:
