@@ -110,14 +110,17 @@ def route_and_project_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
     # across the streams outlives the join, so the allocator needs no record_stream.
     z = torch.empty(x.shape[0], w_down.shape[0], dtype=x.dtype, device=x.device)
     side.wait_stream(main)  # the fork precedes the router's launches: the down-projection waits on nothing of them
+
+    def launch_down_projection() -> None:
+        with torch.cuda.stream(side):
+            torch.mm(x, w_down.t(), out=z)
+
     down_first = overlap_order() == "down"
     if down_first:
-        with torch.cuda.stream(side):
-            torch.mm(x, w_down.t(), out=z)
+        launch_down_projection()
     ids, weights = torch.ops.lmf.noaux_tc_route(router_logits(x, gate_weight, router_gemm), *route_args)
     if not down_first:
-        with torch.cuda.stream(side):
-            torch.mm(x, w_down.t(), out=z)
+        launch_down_projection()
     main.wait_stream(side)
     return ids, weights, z
 

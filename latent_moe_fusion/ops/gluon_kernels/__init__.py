@@ -54,13 +54,17 @@ L1_MAX_REGISTERS, L2_MAX_REGISTERS = 128, 80
 MAXNREG_ENV = "LMF_MXFP4_MAXNREG"
 
 
+def _per_kernel(raw: str) -> tuple[str, ...]:
+    """An "L1,L2" tuning value split in two (one value serves both); the caller checks the parts."""
+    parts = tuple(raw.split(","))
+    return parts * 2 if len(parts) == 1 else parts
+
+
 def _maxnreg_override() -> tuple[str, str]:
     raw = os.environ.get(MAXNREG_ENV, "")
     if not raw:
         return "auto", "auto"
-    parts = tuple(p.strip() for p in raw.split(","))
-    if len(parts) == 1:
-        parts = parts * 2
+    parts = tuple(p.strip() for p in _per_kernel(raw))
     ok = len(parts) == 2 and all(p in ("auto", "none") or (p.isdigit() and 24 <= int(p) <= 255) for p in parts)
     if not ok:
         raise ValueError(f"{MAXNREG_ENV}={raw!r}: expected L1,L2 (or one value for both), each a register "
@@ -133,9 +137,7 @@ def weight_rings(num_pairs: int) -> tuple[str, str]:
     raw = os.environ.get(RING_ENV, "")
     if not raw:
         return default_rings(num_pairs)
-    names = tuple(raw.split(","))
-    if len(names) == 1:
-        names = names * 2
+    names = _per_kernel(raw)
     if len(names) != 2 or any(n not in WEIGHT_RINGS for n in names):
         raise ValueError(f"{RING_ENV}={raw!r}: expected one of {', '.join(WEIGHT_RINGS)}, or two of them as L1,L2")
     return names
