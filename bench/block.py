@@ -14,9 +14,12 @@ The pass rewrites the shared expert, the RMSNorm, the up-projection and the add,
 after its GEMM (sigmoid, top-k, renormalisation, EP share: lmf::noaux_tc_route); the router GEMM, the
 latent down-projection and the routed experts run the same kernels with or without it, but with the
 pass the router GEMM and route run beside the down-projection on a second stream up to 64 tokens
-(lmf::route_and_project). The variants `compiled+fused-no-router` (FusionConfig(fuse_routing=False):
-neither router rewrite) and `compiled+fused-no-overlap` (FusionConfig(overlap_router=False): the router
-chain fused, in a row with the down-projection) show each rewrite's share. `untouched_us` times router +
+(lmf::route_and_project), and up to 128 tokens go with the producer into lmf::route_and_produce, which
+from 5 tokens on starts the shared expert first, beside them. The variants `compiled+fused-no-router`
+(FusionConfig(fuse_routing=False): neither router rewrite), `compiled+fused-no-overlap`
+(FusionConfig(overlap_router=False): the router chain fused, in a row with the down-projection) and
+`compiled+fused-no-shared-first` (FusionConfig(shared_first=False): lmf::route_and_project, the shared
+expert inside the producer) show each rewrite's share. `untouched_us` times router +
 down-projection + routed experts alone (compiled, in a row, same timing method) and `router_chain_us` the
 compiled router chain alone; untouched_us - router_chain_us is then the part no kernel rewrite touches,
 and compiled_us over it bounds what a rewrite of the rest that keeps that part in a row can reach
@@ -136,7 +139,8 @@ def main() -> None:
     cfg = block.cfg
     variants = {"eager": (block, None), "compiled": compiled(block, False), "compiled+fused": compiled(block, True),
                 "compiled+fused-no-router": compiled(block, True, FusionConfig(fuse_routing=False)),
-                "compiled+fused-no-overlap": compiled(block, True, FusionConfig(overlap_router=False))}
+                "compiled+fused-no-overlap": compiled(block, True, FusionConfig(overlap_router=False)),
+                "compiled+fused-no-shared-first": compiled(block, True, FusionConfig(shared_first=False))}
     untouched = torch.compile(block.routed, dynamic=False)  # router + down-projection + routed op
 
     def router_chain(logits):  # what the router rewrite replaces, as the block computes it
@@ -191,6 +195,7 @@ def main() -> None:
         row["fused_vs_compiled"] = row["compiled_us"] / row["compiled+fused_us"]
         row["fused_no_router_vs_compiled"] = row["compiled_us"] / row["compiled+fused-no-router_us"]
         row["fused_no_overlap_vs_compiled"] = row["compiled_us"] / row["compiled+fused-no-overlap_us"]
+        row["fused_no_shared_first_vs_compiled"] = row["compiled_us"] / row["compiled+fused-no-shared-first_us"]
         row["fused_x_floor"] = row["compiled+fused_us"] / block_floor_us
         # The best fused / compiled any kernels of this library could reach: the untouched part (the same
         # kernels in both variants) at its floor, the compiled baseline's rewritten part (cuBLAS and
@@ -218,10 +223,11 @@ def main() -> None:
     cols = ["M", "eager_us", "compiled_us", "compiled+fused_us", "floor_us", "fused_vs_compiled", "fused_x_floor",
             "compiled+fused-no-router_us", "fused_no_router_vs_compiled",
             "compiled+fused-no-overlap_us", "fused_no_overlap_vs_compiled",
+            "compiled+fused-no-shared-first_us", "fused_no_shared_first_vs_compiled",
             "untouched_us", "router_chain_us", "max_fused_vs_compiled", "untouched_floor_us", "rewritten_floor_us", "rewritten_compiled_us",
             "rewritten_fused_us", "ceiling_fused_vs_compiled",
             "compiled+fused_err", "compiled+fused_matched", "compiled+fused-no-router_matched",
-            "compiled+fused-no-overlap_matched", "bytes_MB", "GFLOP"]
+            "compiled+fused-no-overlap_matched", "compiled+fused-no-shared-first_matched", "bytes_MB", "GFLOP"]
     write_results("block", rows, cols, meta, args.out)
     if kernels:
         (Path(args.out) / "block_kernels.md").write_text(

@@ -5,7 +5,8 @@ serves every setting; each setting gets its own graph capture): programmatic dep
 the tail's L2 prefetch depth (ops/pdl.py), the shapes of the side-stream shared expert's Triton programs
 (K slices and rows per program of gate/up, rows and K tile per program of down), whether the routed
 grouping goes before or after the shared expert's fork, the router beside the down-projection or in
-a row with it, and which of the two is launched first. Phase 1 times each value of each knob against the defaults in alternating rounds;
+a row with it, which of the two is launched first, and whether lmf::route_and_produce starts the shared
+expert first. Phase 1 times each value of each knob against the defaults in alternating rounds;
 phase 2 times the defaults against every knob at its phase-1 winner.
 Outputs of every setting are checked against the defaults' (relative L2; PDL, prefetch and program
 shapes must not change them beyond the last-place effects of a different K split).
@@ -28,6 +29,7 @@ from bench.block import compiled_rank_block  # noqa: E402
 from bench.common import env_applied, environment, rel_l2, time_graph_ms, write_results  # noqa: E402
 from latent_moe_fusion.ops.gluon_kernels import LOAD_ORDER_ENV, RING_ENV  # noqa: E402
 from latent_moe_fusion.ops.pdl import PDL_ENV  # noqa: E402
+from latent_moe_fusion.ops.route_and_produce import SHARED_FIRST_ENV, SHARED_FIRST_MAX_TOKENS  # noqa: E402
 from latent_moe_fusion.ops.route_and_project import OVERLAP_ENV, OVERLAP_MAX_TOKENS, OVERLAP_ORDER_ENV  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import GROUP_FIRST_ENV, SHARED_ENV  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.producer_config import (  # noqa: E402
@@ -57,11 +59,12 @@ KNOBS: dict[str, tuple[str, ...]] = {
     OVERLAP_ORDER_ENV: ("router", "down"),
     RING_ENV: ("loads", "tma,cp4", "tma"),
     LOAD_ORDER_ENV: ("early", "late"),
+    SHARED_FIRST_ENV: ("0", "1"),
 }
 # Knobs that act only up to this many tokens (the side-stream Triton shared expert, the grouping order).
 ACTIVE_UP_TO = {SHARED_SPLIT_ENV: 4, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4, SHARED_L2_K_ENV: 4,
                 GROUP_FIRST_ENV: 16, GEMV_ENV: 2, SHARED_ENV: 16, ROUTED_GEMV_ENV: 8, OVERLAP_ENV: OVERLAP_MAX_TOKENS,
-                OVERLAP_ORDER_ENV: OVERLAP_MAX_TOKENS}
+                OVERLAP_ORDER_ENV: OVERLAP_MAX_TOKENS, SHARED_FIRST_ENV: SHARED_FIRST_MAX_TOKENS}
 
 
 def _time(fn, xs, env: dict[str, str]) -> float:

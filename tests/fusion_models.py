@@ -20,6 +20,16 @@ from latent_moe_fusion.fusion_pass import ChainedGraphPass
 
 CFG = lmf.KimiK3MoEConfig.tiny()
 PRODUCER = "lmf.moe_shared_producer.default"
+# The producer with the router and the down-projection that feed it (fusion_pass/router_overlap.py).
+ROUTE_AND_PRODUCE = "lmf.route_and_produce.default"
+
+
+def producers(ops_after) -> int:
+    """Producers in a fused graph: lmf::moe_shared_producer, or lmf::route_and_produce where the router and the
+    down-projection that feed it went in with it."""
+    return ops_after[PRODUCER] + ops_after[ROUTE_AND_PRODUCE]
+
+
 TAIL = "lmf.latent_tail.default"
 # (shared_gate_up, rms_norm, weight_format): every gate/up x RMSNorm variant, both weight formats.
 VARIANTS = (

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ..ops.backends import backends_for
 
 DISABLE_ENV = "LMF_DISABLE_FUSION"
-FUSED_OPS = ("moe_shared_producer", "latent_tail", "noaux_tc_route", "route_and_project")
+FUSED_OPS = ("moe_shared_producer", "latent_tail", "noaux_tc_route", "route_and_project", "route_and_produce")
 
 
 def disabled_by_env() -> bool:

@@ -26,6 +26,10 @@ class FusionConfig:
     # Put a fused router's gate GEMM and route beside the latent down-projection of the same tokens, in one
     # lmf::route_and_project (router_overlap.py): on CUDA the two run side by side instead of in a row.
     overlap_router: bool = True
+    # With overlap_router: where the route and the down-projection feed the fused block's producer directly,
+    # take the producer into the op too (lmf::route_and_produce): on CUDA its shared expert then starts first,
+    # beside the router and the down-projection, instead of beside the routed kernels.
+    shared_first: bool = True
     # A walk from routed_experts that needs more nodes than this is not a block of this shape.
     max_walk_nodes: int = 64
 
@@ -47,6 +51,7 @@ class FusionConfig:
         """Names of the pattern families this configuration registers (groups are added per graph)."""
         routing = ["router/noaux_tc"] if self.fuse_routing else []
         routing += ["router/beside_down_projection"] if self.fuse_routing and self.overlap_router else []
+        routing += ["router/with_producer"] if self.fuse_routing and self.overlap_router and self.shared_first else []
         return routing + [
             f"{form}/{gate_up}/{norm}/{dtype}/{fmt}"
             for form in self.forms

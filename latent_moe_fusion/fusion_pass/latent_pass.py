@@ -8,7 +8,8 @@ the pattern matcher rewrite the approved ones (matcher.py) into
 
 and, beyond DESIGN.md, the router: its chain after the gate GEMM into lmf::noaux_tc_route (routing.py),
 then that route with its gate GEMM and the latent down-projection of the same tokens into
-lmf::route_and_project (router_overlap.py), which runs the two side by side on CUDA.
+lmf::route_and_project (router_overlap.py), which runs the two side by side on CUDA, or with the block's
+producer into lmf::route_and_produce, which also starts the shared expert first.
 Everything not rewritten is reported with a reason and logged on the "latent_moe_fusion" logger.
 """
 
@@ -117,9 +118,10 @@ class LatentMoEFusionPass(CustomGraphPass):
                 except Exception as exc:  # fail closed: the rewrite runs only after every check passed
                     match.reason = f"could not fuse the router ({type(exc).__name__}: {exc})"
             if match.reason is None:
-                beside, beside_reason = self._overlap_router(graph, route) if self.config.overlap_router else (None, None)
+                beside, beside_reason, with_producer = (self._overlap_router(graph, route) if self.config.overlap_router
+                                                        else (None, None, False))
                 report.routings.append(MatchedRouting(match.where, match.top_k, match.localized, match.backend,
-                                                      beside, beside_reason))
+                                                      beside, beside_reason, with_producer))
                 log.info("latent_moe_fusion: fused the router %s (%s)%s", match.where, match.backend,
                          f", beside the down-projection ({beside})" if beside else f"; alone: {beside_reason}")
             else:
@@ -127,19 +129,21 @@ class LatentMoEFusionPass(CustomGraphPass):
                 # INFO, not WARNING: every aten.topk is examined, and most in a model are no router
                 log.info("latent_moe_fusion: left the router %s unfused: %s", match.where, match.reason)
 
-    def _overlap_router(self, graph: fx.Graph, route: fx.Node) -> tuple[str | None, str | None]:
-        """(what went into lmf::route_and_project, None) or (None, why the router stays alone)."""
-        match = find_overlap(graph, route)
+    def _overlap_router(self, graph: fx.Graph, route: fx.Node) -> tuple[str | None, str | None, bool]:
+        """(what went into lmf::route_and_project or lmf::route_and_produce, None, whether the producer went in
+        too) or (None, why the router stays alone, False)."""
+        match = find_overlap(graph, route, self.config.shared_first)
         if match.reason is not None:
-            return None, match.reason
+            return None, match.reason, False
         try:
             backend = check_overlap(match, self.config, self.capabilities)
             rewrite_overlap(graph, match)
         except Reject as exc:
-            return None, str(exc)
+            return None, str(exc), False
         except Exception as exc:  # fail closed: the rewrite runs only after every check passed
-            return None, f"could not put the router beside the down-projection ({type(exc).__name__}: {exc})"
-        return f"{match.where} [{backend}]", None
+            return None, f"could not put the router beside the down-projection ({type(exc).__name__}: {exc})", False
+        where = f"{match.where} + {match.consumer.name}" if match.with_producer else match.where
+        return f"{where} [{backend}]", None, match.with_producer
 
     def _rewrite(self, graph: fx.Graph, accepted: dict[fx.Node, Candidate]) -> None:
         """Apply only the specs the candidates need: their form, dtype, weights, group and gate/up form,

@@ -27,6 +27,8 @@ class MatchedRouting:
     # with the route (router_overlap.py), or None and the reason in beside_reason
     beside: str | None = None
     beside_reason: str | None = None
+    # the fused block's producer went into the op too: lmf::route_and_produce (shared expert first)
+    with_producer: bool = False
 
 
 @dataclass
@@ -56,7 +58,9 @@ class FusionReport:
         lines += [f"  rejected {where}: {reason}" for where, reason in self.rejected]
         lines += [f"  router   {r.where}: lmf::noaux_tc_route top_k={r.top_k}"
                   f"{' with the EP share' if r.localized else ''} [{r.backend}]"
-                  + (f"; with its GEMM beside the down-projection in lmf::route_and_project: {r.beside}" if r.beside
+                  + (f"; with its GEMM beside the down-projection and the producer in lmf::route_and_produce: {r.beside}"
+                     if r.beside and r.with_producer
+                     else f"; with its GEMM beside the down-projection in lmf::route_and_project: {r.beside}" if r.beside
                      else f"; not beside the down-projection: {r.beside_reason}" if r.beside_reason else "")
                   for r in self.routings]
         lines += [f"  router left alone {where}: {reason}" for where, reason in self.routing_rejected]

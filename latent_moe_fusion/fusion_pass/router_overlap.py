@@ -12,6 +12,11 @@ feeds the routed experts with those weights, become one lmf::route_and_project (
 The op computes each output with the same calls, so no bit changes; on CUDA it runs the down-projection
 on a side stream beside the router chain, which the single-stream compiled graph serialises. Like the
 other finders it gives a reason when it leaves a router alone.
+
+Where the consumer is the fused block's lmf::moe_shared_producer, fed by the route's ids and weights and
+the down-projection directly (nothing else uses them), the three go further, into one
+lmf::route_and_produce (ops/route_and_produce.py), which starts the shared expert first on CUDA
+(FusionConfig.shared_first), up to SHARED_FIRST_MAX_TOKENS tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
+from ..ops.route_and_produce import SHARED_FIRST_MAX_TOKENS
 from ..ops.route_and_project import OVERLAP_MAX_TOKENS
 from .candidates import Reject
 from .capabilities import Capabilities
@@ -33,6 +39,8 @@ aten = torch.ops.aten
 prims = torch.ops.prims
 ROUTE = torch.ops.lmf.noaux_tc_route.default
 ROUTE_AND_PROJECT = torch.ops.lmf.route_and_project.default
+ROUTE_AND_PRODUCE = torch.ops.lmf.route_and_produce.default
+PRODUCER = torch.ops.lmf.moe_shared_producer.default
 ROUTED_CONSUMERS = (torch.ops.lmf.routed_experts.default, torch.ops.lmf.moe_shared_producer.default)
 
 
@@ -49,6 +57,8 @@ class OverlapMatch:
     outputs: tuple[fx.Node | None, fx.Node | None] = (None, None)  # the route's ids / weights getitems
     removable: list[fx.Node] = field(default_factory=list)  # erased when they lose their users
     fake_outputs: tuple | None = None
+    consumer: fx.Node | None = None  # the routed-expert op the route and the down-projection feed
+    with_producer: bool = False  # the consumer goes into the op too: lmf::route_and_produce
 
     @property
     def where(self) -> str:
@@ -83,10 +93,24 @@ def _router_gemm(m: OverlapMatch) -> None:
     x = _val(m.x)
     if x is None or x.dim() != 2:
         raise Reject(f"the router's tokens {m.x.name} are not a 2-D tensor")
-    if isinstance(x.shape[0], int) and x.shape[0] > OVERLAP_MAX_TOKENS:
-        # The op would run the two in a row (two streams measured slower there); outside CUDA graphs its
+
+
+def _only_used_by(node: fx.Node | None, user: fx.Node) -> bool:
+    return node is None or set(node.users) == {user}
+
+
+def _takes_producer(m: OverlapMatch, shared_first: bool) -> None:
+    """Whether the consumer goes into the op (lmf::route_and_produce); then, and otherwise, the size bound."""
+    c = m.consumer
+    m.with_producer = (shared_first and _is(c, PRODUCER) and set(c.kwargs) <= {"group_name"}
+                       and c.args[0] is m.down and c.args[1] is m.outputs[0]
+                       and c.args[2] is m.outputs[1] and all(_only_used_by(n, c) for n in (m.down, *m.outputs)))
+    tokens = _val(m.x).shape[0]
+    limit = SHARED_FIRST_MAX_TOKENS if m.with_producer else OVERLAP_MAX_TOKENS
+    if isinstance(tokens, int) and tokens > limit:
+        # The op would run its parts in a row (two streams measured slower there); outside CUDA graphs its
         # host time before the first launch would only delay the forward (H200, M = 4096: +2-4 %).
-        raise Reject(f"M = {x.shape[0]} tokens > {OVERLAP_MAX_TOKENS}: side by side only pays at decode sizes, "
+        raise Reject(f"M = {tokens} tokens > {limit}: side by side only pays at decode sizes, "
                      "the router and the down-projection stay in a row as compiled")
 
 
@@ -118,12 +142,13 @@ def _down_projection(m: OverlapMatch) -> None:
     if not _is(z, aten.mm.default) or z.args[0] is not m.x:
         raise Reject(f"the routed experts' input {getattr(z, 'name', z)} is not x @ W_down^T of the router's "
                      f"tokens {m.x.name}")
-    m.down, m.w_down = z, _transposed_weight(z.args[1])
+    m.down, m.w_down, m.consumer = z, _transposed_weight(z.args[1]), consumers[0]
     m.removable.append(z.args[1])
 
 
-def find_overlap(graph: fx.Graph, route: fx.Node) -> OverlapMatch:
-    """The match for one fused router, with the reason filled in when it cannot go beside a down-projection."""
+def find_overlap(graph: fx.Graph, route: fx.Node, shared_first: bool = True) -> OverlapMatch:
+    """The match for one fused router, with the reason filled in when it cannot go beside a down-projection.
+    shared_first: take a directly fed lmf::moe_shared_producer into the op too (lmf::route_and_produce)."""
     m = OverlapMatch(route=route)
     try:
         getitems = list(route.users)
@@ -139,6 +164,7 @@ def find_overlap(graph: fx.Graph, route: fx.Node) -> OverlapMatch:
             raise Reject(f"the router logits {m.logits.name} are also used by {', '.join(extra)}")
         _router_gemm(m)
         _down_projection(m)
+        _takes_producer(m, shared_first)
         order = {node: i for i, node in enumerate(graph.nodes)}
         first = min(order[m.logits], order[m.down])
         late = [n.name for n in (m.x, m.gate_weight, route.args[1], m.w_down) if order[n] > first]
@@ -152,28 +178,53 @@ def find_overlap(graph: fx.Graph, route: fx.Node) -> OverlapMatch:
 
 
 def _args(m: OverlapMatch) -> tuple:
-    return (m.x, m.gate_weight, m.route.args[1], m.w_down, m.router_gemm, *m.route.args[2:7])
+    route_args = (m.x, m.gate_weight, m.route.args[1], m.w_down, m.router_gemm, *m.route.args[2:7])
+    if not m.with_producer:
+        return route_args
+    c = m.consumer
+    return route_args + tuple(c.args[3:]) + ((c.kwargs["group_name"],) if "group_name" in c.kwargs else ())
+
+
+def _op(m: OverlapMatch):
+    return ROUTE_AND_PRODUCE if m.with_producer else ROUTE_AND_PROJECT
+
+
+def _as_tensor(val) -> torch.Tensor | None:
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _same(val, want) -> bool:
+    return val is not None and val.dtype == want.dtype and tuple(val.shape) == tuple(want.shape)
 
 
 def check_overlap(m: OverlapMatch, config: FusionConfig, caps: Capabilities) -> str:
     """The backend that will serve the op; raises Reject when none can."""
     vals = [_val(a) if isinstance(a, fx.Node) else a for a in _args(m)]
+    op_name = "route_and_produce" if m.with_producer else "route_and_project"
     fake_mode = getattr(vals[0], "fake_mode", None)
     if fake_mode is None or any(v is None for v in vals[:4]):
-        raise Reject("the graph has no fake tensors to check lmf::route_and_project with")
+        raise Reject(f"the graph has no fake tensors to check lmf::{op_name} with")
     with fake_mode:
         try:
-            m.fake_outputs = ROUTE_AND_PROJECT(*vals)
+            m.fake_outputs = _op(m)(*vals)
         except Exception as exc:
-            raise Reject(f"lmf::route_and_project refuses the matched arguments ({type(exc).__name__}: {exc})") from exc
-    z_val = _val(m.down)
-    if z_val is None or z_val.dtype != m.fake_outputs[2].dtype or z_val.shape != m.fake_outputs[2].shape:
+            raise Reject(f"lmf::{op_name} refuses the matched arguments ({type(exc).__name__}: {exc})") from exc
+    if m.with_producer:
+        produced = m.consumer.meta.get("val")
+        if not (isinstance(produced, (tuple, list)) and len(produced) == len(m.fake_outputs)
+                and all(_same(_as_tensor(v), w) for v, w in zip(produced, m.fake_outputs, strict=True))):
+            raise Reject(f"the producer {m.consumer.name}'s outputs are not those of lmf::route_and_produce")
+    elif not _same(_val(m.down), m.fake_outputs[2]):
         raise Reject(f"the down-projection {m.down.name} is not [M, L] in x's dtype")
-    return serving_backend("route_and_project", vals[0].device.type, tuple(vals), config, caps)
+    return serving_backend(op_name, vals[0].device.type, tuple(vals), config, caps)
 
 
 def rewrite_overlap(graph: fx.Graph, m: OverlapMatch) -> None:
-    """Replace the router GEMM, the route and the down-projection by the op (check_overlap first)."""
+    """Replace the router GEMM, the route and the down-projection (and the producer) by the op (check_overlap
+    first)."""
+    if m.with_producer:
+        _rewrite_with_producer(graph, m)
+        return
     order = {node: i for i, node in enumerate(graph.nodes)}
     first = m.logits if order[m.logits] < order[m.down] else m.down
     with graph.inserting_before(first):
@@ -185,6 +236,19 @@ def rewrite_overlap(graph: fx.Graph, m: OverlapMatch) -> None:
     for old, new in zip((*m.outputs, m.down), outs, strict=True):
         if old is not None:
             old.replace_all_uses_with(new)
+    for node in (*m.outputs, m.route, m.logits, m.down, *m.removable):
+        if node is not None and node.op == "call_function" and not node.users:
+            graph.erase_node(node)
+
+
+def _rewrite_with_producer(graph: fx.Graph, m: OverlapMatch) -> None:
+    """lmf::route_and_produce in the producer's place (every argument of both is defined there); the
+    producer's output getitems then read the op, whose outputs are the producer's."""
+    with graph.inserting_before(m.consumer):
+        op = graph.call_function(ROUTE_AND_PRODUCE, _args(m))
+    op.meta["val"] = m.fake_outputs
+    m.consumer.replace_all_uses_with(op)
+    graph.erase_node(m.consumer)
     for node in (*m.outputs, m.route, m.logits, m.down, *m.removable):
         if node is not None and node.op == "call_function" and not node.users:
             graph.erase_node(node)

@@ -74,10 +74,9 @@ def _run_routed_backend(op: str, topk_ids: torch.Tensor, num_experts: int, args:
 
 def _validate_producer(
     z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
-    rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group_name, ids: bool = True,
+    rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group_name, ids: bool = True, op: str = "moe_shared_producer",
 ) -> tuple[int, int, int, int]:
-    """Returns (M, H, R, E)."""
-    op = "moe_shared_producer"
+    """Returns (M, H, R, E). op: the op named in errors."""
     num_experts, _ = validate_routed(op, z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format,
                                      beta, lin_beta, ids=ids)
     check_tensor(op, "rms_weight", rms_weight, ndim=1, dtypes=(z.dtype, torch.float32), device=z.device)

@@ -50,27 +50,28 @@ OVERLAP_ORDERS = ("router", "down")
 def validate_route_and_project(
     x: torch.Tensor, gate_weight: torch.Tensor, correction_bias: torch.Tensor, w_down: torch.Tensor,
     router_gemm: str, top_k: int, renorm_eps: float, scaling_factor: float, first_expert: int, num_local: int,
+    op: str = OP,
 ) -> tuple[int, int, int]:
-    """Returns (M, E, L)."""
-    check_tensor(OP, "x", x, ndim=2, dtypes=(torch.bfloat16, torch.float32), device=getattr(x, "device", None))
+    """Returns (M, E, L). op: the op named in errors."""
+    check_tensor(op, "x", x, ndim=2, dtypes=(torch.bfloat16, torch.float32), device=getattr(x, "device", None))
     if router_gemm not in ROUTER_GEMMS:
-        _fail(OP, f"router_gemm must be one of {ROUTER_GEMMS}, got {router_gemm!r}")
+        _fail(op, f"router_gemm must be one of {ROUTER_GEMMS}, got {router_gemm!r}")
     if router_gemm == "bf16" and x.dtype != torch.bfloat16:
-        _fail(OP, f"router_gemm 'bf16' multiplies BF16 operands, but x is {str(x.dtype).replace('torch.', '')}; "
+        _fail(op, f"router_gemm 'bf16' multiplies BF16 operands, but x is {str(x.dtype).replace('torch.', '')}; "
                   "use router_gemm 'fp32'")
     gate_dtypes = (torch.bfloat16,) if router_gemm == "bf16" else (torch.bfloat16, torch.float32)
-    check_tensor(OP, "gate_weight", gate_weight, ndim=2, dtypes=gate_dtypes, device=x.device)
-    check_tensor(OP, "w_down", w_down, ndim=2, dtypes=(x.dtype,), device=x.device)
+    check_tensor(op, "gate_weight", gate_weight, ndim=2, dtypes=gate_dtypes, device=x.device)
+    check_tensor(op, "w_down", w_down, ndim=2, dtypes=(x.dtype,), device=x.device)
     hidden = x.shape[1]
     if gate_weight.shape[1] != hidden:
-        _fail(OP, f"gate_weight has shape {tuple(gate_weight.shape)}: expected [E, H = {hidden}] (x is [M, H])")
+        _fail(op, f"gate_weight has shape {tuple(gate_weight.shape)}: expected [E, H = {hidden}] (x is [M, H])")
     if w_down.shape[1] != hidden:
-        _fail(OP, f"w_down has shape {tuple(w_down.shape)}: expected [L, H = {hidden}] (x is [M, H])")
+        _fail(op, f"w_down has shape {tuple(w_down.shape)}: expected [L, H = {hidden}] (x is [M, H])")
     num_experts = gate_weight.shape[0]
-    check_tensor(OP, "correction_bias", correction_bias, ndim=1, dtypes=(torch.float32,), device=x.device)
+    check_tensor(op, "correction_bias", correction_bias, ndim=1, dtypes=(torch.float32,), device=x.device)
     if correction_bias.shape[0] != num_experts:
-        _fail(OP, f"correction_bias has {correction_bias.shape[0]} entries but gate_weight has E = {num_experts} rows")
-    validate_route_scalars(OP, num_experts, top_k, renorm_eps, scaling_factor, first_expert, num_local)
+        _fail(op, f"correction_bias has {correction_bias.shape[0]} entries but gate_weight has E = {num_experts} rows")
+    validate_route_scalars(op, num_experts, top_k, renorm_eps, scaling_factor, first_expert, num_local)
     return x.shape[0], num_experts, w_down.shape[0]
 
 

@@ -34,7 +34,7 @@ from ..pdl import use_pdl
 from ..streams import side_stream
 from .combine import launch_combine
 from .expert_gemm import l1_kernel, l2_kernel
-from .moe_align import group_by_expert, max_blocks
+from .moe_align import Grouping, group_by_expert, max_blocks
 from .producer_config import SPLIT_K_MAX_PAIRS, ProducerConfig, config_context, interpreting, pick_config
 from .routed_gemv import launch_routed_gemv, routed_gemv_reason, routed_gemv_setting
 from .shared_by_library import shared_by_library
@@ -177,6 +177,20 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return side_stream(device, "shared_expert")
 
 
+def planned_grouping(
+    z: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weight_format: str,
+) -> Grouping | None:
+    """The expert grouping run_experts(z, topk_ids, ..., shared=None) will use, launched now on the current
+    stream (None where that call groups nothing: no pairs, or the GEMV kernels' one to four tokens), so that
+    a caller can run it beside other work and pass it in."""
+    num_pairs, num_experts = topk_ids.numel(), w13.shape[0]
+    inter = w2.shape[-1] * (2 if weight_format == "mxfp4" else 1)
+    cfg = resolve_config(z, num_pairs, num_experts, weight_format, inter, None, None, w13, w2)
+    if num_pairs == 0 or cfg.routed_gemv:
+        return None
+    return group_by_expert(topk_ids, num_experts, cfg.bm)
+
+
 def run_experts(
     z: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -193,10 +207,12 @@ def run_experts(
     shared: SharedExpert | None = None,
     config: ProducerConfig | None = None,
     out: torch.Tensor | None = None,
+    grouping: Grouping | None = None,
 ) -> torch.Tensor:
     """Routed experts (rms-normalised if rms_weight is given) [M, L]; also fills shared.out.
 
-    `out` (optional, [M, L] in z.dtype) receives the result; `config` overrides the tile choice.
+    `out` (optional, [M, L] in z.dtype) receives the result; `config` overrides the tile choice;
+    `grouping` is planned_grouping's for these ids, already launched (then not grouped again).
     """
     m, latent = z.shape
     top_k = topk_ids.shape[1]
@@ -255,7 +271,11 @@ def run_experts(
     if forced not in ("", "0", "1"):
         raise ValueError(f"{GROUP_FIRST_ENV}={forced!r}: expected 1 (group first), 0 (after the fork) or unset")
     group_first = not regs or (forced == "1" if forced else topk_ids.shape[0] > GROUP_AFTER_FORK_MAX_TOKENS)
-    grouping = group_by_expert(topk_ids, num_experts, bm) if num_pairs > 0 and group_first and not gemv else None
+    if grouping is not None and (grouping.block_m != bm or grouping.nb_max != nb_max):
+        raise ValueError(f"grouping: planned for {grouping.block_m}-row blocks ({grouping.nb_max} at most), but this "
+                         f"call groups by {bm} ({nb_max}); plan it with planned_grouping on the same arguments")
+    if grouping is None and num_pairs > 0 and group_first and not gemv:
+        grouping = group_by_expert(topk_ids, num_experts, bm)
     if grouping is None:  # grids of shared tiles only never read these; int32 like the real ones (kernel types)
         sorted_pairs = block_expert = torch.empty(1, dtype=torch.int32, device=dev)
     else:

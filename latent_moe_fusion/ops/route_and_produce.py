@@ -1,0 +1,163 @@
+"""lmf::route_and_produce: lmf::route_and_project and the lmf::moe_shared_producer it feeds as one op, so that
+on CUDA the shared expert can start first, beside the router and the down-projection (beyond DESIGN.md
+section 2; the producer's semantics and outputs are unchanged).
+
+    ids, weights, z = lmf::route_and_project(x, gate_weight, correction_bias, w_down, router_gemm, top_k,
+                                             renorm_eps, scaling_factor, first_expert, num_local)
+    y_n, ws         = lmf::moe_shared_producer(z, ids, weights, w13, w2, w13_scale, w2_scale, weight_format,
+                                               beta, lin_beta, rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode,
+                                               group_name)
+
+Why: inside the producer the shared expert can only start once the router and the down-projection are
+done, and then runs beside the routed kernels, which are issue-bound and slowed by it. Its inputs are the
+tokens, so it can run beside the router and the down-projection instead, which read weights at the copy
+rate with SM slots to spare. The shared-first schedule (CUDA, MXFP4 routed weights, the Triton producer):
+
+    side stream 1:  shared expert (cuBLAS GEMMs, the producer's own from 5 tokens on) -> fragments
+    caller stream:  router GEMM -> lmf::noaux_tc_route -> expert grouping -> routed L1, L2, combine + RMSNorm
+    side stream 2:  latent down-projection z                           (the routed L1 waits for it)
+
+Every kernel is the one the two ops launch (same GEMMs, route, grouping and routed kernels), so outputs are
+bitwise those of the two ops wherever the producer runs its shared expert by cuBLAS (beside the register-dequant
+kernels: from 5 tokens on); only the order on the GPU changes. H200, compiled + fused Kimi K3 rank block in CUDA
+graphs, shared first on / off by LMF_SHARED_FIRST on one compile (bench/results/decode_tuning_shared_first.md,
+us): M = 8 129.6 / 137.4, M = 16 179.6 / 186.1, M = 32 247.1 / 254.2, M = 64 294.3 / 301.8, M = 128 376.5 /
+389.6; M = 1 78.1 / 76.7 (the producer's Triton shared grids beside the GEMV kernels win there), hence from
+SHARED_FIRST_MIN_TOKENS on. Elsewhere the op runs the two ops in a row.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .backends import Backend, register_backend, select_backend
+from .layouts import fragment_shape, group_size, publish_fragments
+from .library import _define, _moe_shared_producer, _validate_producer
+from .reference import ANY_DEVICE
+from .route_and_project import route_and_project_cuda, route_and_project_reference, validate_route_and_project
+from .routing import router_logits
+from .streams import side_stream
+from .validation import _fail
+
+OP = "route_and_produce"
+SHARED_FIRST_ENV = "LMF_SHARED_FIRST"  # "1" always shared-first, "0" never (A/B switch); unset: by token count
+SHARED_FIRST_MIN_TOKENS = 5  # below: the producer's Triton shared grids beside the routed GEMV kernels win
+# Above: prefill, outside CUDA graphs, where the extra host time before the first launch delays the forward;
+# the fusion pass does not insert the op for a static batch above it (fusion_pass/router_overlap.py).
+SHARED_FIRST_MAX_TOKENS = 128
+
+
+def validate_route_and_produce(*args) -> tuple[int, int, int, int]:
+    """Both ops' checks (the producer's on stand-ins for the router's outputs). Returns (M, H_s, R, L)."""
+    route_args, produce_args = args[:10], args[10:]
+    m, _, latent = validate_route_and_project(*route_args, op=OP)
+    x, top_k = args[0], args[5]
+    ids = x.new_empty((m, top_k), dtype=torch.int32)
+    weights = x.new_empty((m, top_k), dtype=torch.float32)
+    z = x.new_empty((m, latent))
+    m, hidden, world, num_experts = _validate_producer(z, ids, weights, *produce_args, ids=False, op=OP)
+    if args[9] != num_experts:
+        _fail(OP, f"num_local = {args[9]} but w13 holds {num_experts} experts: the route's ids index w13's experts")
+    return m, hidden, world, latent
+
+
+def shared_first_wanted(num_tokens: int) -> bool:
+    forced = os.environ.get(SHARED_FIRST_ENV, "")
+    if forced not in ("", "0", "1"):
+        raise ValueError(f"{SHARED_FIRST_ENV}={forced!r}: expected 1 (shared expert first), 0 (never) or unset")
+    return forced == "1" if forced else SHARED_FIRST_MIN_TOKENS <= num_tokens <= SHARED_FIRST_MAX_TOKENS
+
+
+def route_and_produce_reference(x, gate_weight, correction_bias, w_down, router_gemm, top_k, renorm_eps,
+                                scaling_factor, first_expert, num_local, *produce_args):
+    """The two ops in a row, any device: the op's definition."""
+    ids, weights, z = route_and_project_reference(x, gate_weight, correction_bias, w_down, router_gemm, top_k,
+                                                  renorm_eps, scaling_factor, first_expert, num_local)
+    return _moe_shared_producer(z, ids, weights, *produce_args)
+
+
+def _triton_producer_serves(args: tuple, z: torch.Tensor) -> bool:
+    """Whether the producer would run on the Triton backend, whose kernels the shared-first schedule calls."""
+    x, top_k = args[0], args[5]
+    stand_ins = (x.new_empty((x.shape[0], top_k), dtype=torch.int32),
+                 x.new_empty((x.shape[0], top_k), dtype=torch.float32))
+    try:
+        return select_backend("moe_shared_producer", "cuda", z, *stand_ins, *args[10:]).name == "triton"
+    except RuntimeError:
+        return False
+
+
+def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm, top_k, renorm_eps, scaling_factor,
+                           first_expert, num_local, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
+                           rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group_name=None):
+    """The shared-first schedule (module docstring) where it pays, else the two ops in a row."""
+    args = (x, gate_weight, correction_bias, w_down, router_gemm, top_k, renorm_eps, scaling_factor, first_expert,
+            num_local, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta, rms_weight, eps, x_s, w1_s, w3_s,
+            w2_s, mode, group_name)
+    # z and ws are allocated on the caller's stream and every side stream joins before the return: no tensor
+    # used across the streams outlives the join, so the allocator needs no record_stream.
+    shared_first = shared_first_wanted(x.shape[0]) and weight_format == "mxfp4"
+    z = torch.empty(x.shape[0], w_down.shape[0], dtype=x.dtype, device=x.device) if shared_first else None
+    if not (shared_first and _triton_producer_serves(args, z)):
+        ids, weights, z = route_and_project_cuda(*args[:10])
+        return _moe_shared_producer(z, ids, weights, *args[10:])
+    from .triton_kernels.expert_schedule import planned_grouping, run_experts
+    from .triton_kernels.shared_by_library import shared_by_library
+
+    world, (m_s, hidden) = group_size(group_name), x_s.shape
+    ws = x_s.new_empty(fragment_shape(mode, x.shape[0], hidden, 1)) if world == 1 else None
+    s_out = ws.view(m_s, hidden) if world == 1 else x_s.new_empty(m_s, hidden)
+    main = torch.cuda.current_stream(x.device)
+    shared_stream, down_stream = side_stream(x.device, "shared_first"), side_stream(x.device, "down_projection")
+    shared_stream.wait_stream(main)
+    down_stream.wait_stream(main)  # both forks precede the router's launches: neither side waits on them
+    with torch.cuda.stream(shared_stream):
+        shared_by_library(x_s, w1_s, w3_s, w2_s, s_out, beta, lin_beta)
+    ids, weights = torch.ops.lmf.noaux_tc_route(router_logits(x, gate_weight, router_gemm), correction_bias, top_k,
+                                                renorm_eps, scaling_factor, first_expert, num_local)
+    with torch.cuda.stream(down_stream):
+        torch.mm(x, w_down.t(), out=z)
+    grouping = planned_grouping(z, ids, w13, w2, weight_format)  # beside the down-projection
+    main.wait_stream(down_stream)
+    y_n = run_experts(z, ids, weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
+                      rms_weight=rms_weight, eps=eps, shared=None, grouping=grouping)
+    main.wait_stream(shared_stream)
+    if world > 1:
+        ws = publish_fragments(s_out, mode, group_name)
+    return y_n, ws
+
+
+NUM_ARGS = 25
+
+
+def _all_args(args: tuple) -> tuple:
+    """The dispatcher leaves out a trailing argument equal to its default (group_name=None)."""
+    return args + (None,) * (NUM_ARGS - len(args))
+
+
+def _route_and_produce(*args):
+    args = _all_args(args)
+    validate_route_and_produce(*args)
+    return select_backend(OP, args[0].device.type, *args).fn(*args)
+
+
+def _route_and_produce_fake(*args):
+    args = _all_args(args)
+    m, hidden, world, latent = validate_route_and_produce(*args)
+    x, x_s, mode = args[0], args[19], args[23]
+    return x.new_empty((m, latent)), x_s.new_empty(fragment_shape(mode, m, hidden, world))
+
+
+route_and_produce = _define(
+    "route_and_produce(Tensor x, Tensor gate_weight, Tensor correction_bias, Tensor w_down, str router_gemm, "
+    "int top_k, float renorm_eps, float scaling_factor, int first_expert, int num_local, Tensor w13, Tensor w2, "
+    "Tensor? w13_scale, Tensor? w2_scale, str weight_format, float beta, float lin_beta, Tensor rms_weight, "
+    "float eps, Tensor x_s, Tensor w1_s, Tensor w3_s, Tensor w2_s, str mode, str? group_name=None) "
+    "-> (Tensor, Tensor)",
+    _route_and_produce, _route_and_produce_fake,
+)
+
+register_backend(Backend(OP, "shared_first", 10, ("cuda",), route_and_produce_cuda))
+register_backend(Backend(OP, "reference", 100, ANY_DEVICE, route_and_produce_reference))
