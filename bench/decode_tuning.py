@@ -78,6 +78,7 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="*", default=[1])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--knobs", nargs="*", choices=sorted(KNOBS), help="sweep only these (default: all)")
+    ap.add_argument("--name", default="decode_tuning", help="results file name (bench/results/<name>.md)")
     ap.add_argument("--values", nargs="*", default=[], metavar="KNOB=V1,V2",
                     help="sweep these values of a knob instead of its built-in list")
     args = ap.parse_args()
@@ -138,7 +139,7 @@ def main() -> None:
         "timing": f"CUDA graph replay over 4 rotating inputs; phase 1: median of {args.rounds} alternating rounds per "
                   f"setting; phase 2: median of {args.rounds + 2} rounds of compiled / defaults / winners",
     }
-    write_results("decode_tuning", rows, ["M", "setting", "us", "vs_defaults", "vs_compiled", "rel_l2_vs_defaults",
+    write_results(args.name, rows, ["M", "setting", "us", "vs_defaults", "vs_compiled", "rel_l2_vs_defaults",
                                           "matched"], meta, args.out)
 
 

@@ -47,6 +47,10 @@ BENCHMARKS = (
     ("router_overlap.py", (), None),  # router GEMM + route beside the down-projection (lmf::route_and_project)
     ("prefill_tiles.py", (), None),  # prefill routed GEMM tile candidates and the spread token grouping
     ("decode_tuning.py", (), None),  # decode knobs (PDL sites, prefetch, shared-expert programs, ...) on the block
+    ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "128", "--knobs", "LMF_SHARED_FIRST", "--rounds",
+                          "5", "--name", "decode_tuning_shared_first"), None),  # lmf::route_and_produce's schedule
+    ("prefill_timing.py", (), None),  # prefill timed as single synchronised calls or back to back
+    ("prefill_timing.py", ("--precompile", "1", "8", "32", "128", "--name", "prefill_timing_precompiled"), None),
     ("graph_timeline.py", (), None),  # kernels of one replayed decode forward: start, duration, idle before
     ("shared_overlap_bound.py", (), None),  # what starting the shared expert before the router could save
     ("deepgemm_routed.py", ("--weight-format", "mxfp4"), "deep_gemm"),
