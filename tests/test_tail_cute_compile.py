@@ -21,14 +21,18 @@ needs_cute_dsl = pytest.mark.skipif(
 
 
 @needs_cute_dsl
-@pytest.mark.parametrize(("cfg", "num_frags"), [(TABLE[0][1], 8), (PREFILL, 1)], ids=["decode-swap-R8", "prefill-R1"])
-def test_compiles_to_wgmma_and_tma_ptx(cfg, num_frags, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("cfg", "num_frags", "pdl"), [(TABLE[0][1], 8, False), (PREFILL, 1, False),
+                                                       (TABLE[1][1], 1, True), (PREFILL, 8, True)],
+                         ids=["decode-swap-R8", "prefill-R1", "decode-swap-R1-pdl", "prefill-R8-pdl"])
+def test_compiles_to_wgmma_and_tma_ptx(cfg, num_frags, pdl, tmp_path, monkeypatch):
     from latent_moe_fusion.ops.cute.tail_runtime import KernelKey, compile_kernel
 
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     monkeypatch.chdir(tmp_path)  # --keep-ptx writes the PTX into the working directory
-    compiled = compile_kernel(KernelKey("sm_90a", torch.bfloat16, num_frags, cfg), keep_ptx=True)
+    compiled = compile_kernel(KernelKey("sm_90a", torch.bfloat16, num_frags, cfg, pdl), keep_ptx=True)
     ptx = compiled.artifacts.PTX
+    # the programmatic dependent waits for the kernel before it (warp 0 after its weight loads, every thread)
+    assert ("griddepcontrol.wait" in ptx) == pdl
     assert ptx and ".target sm_90a" in ptx
     assert f"wgmma.mma_async.sync.aligned.m64n{cfg.mma_n}k16.f32.bf16.bf16" in ptx
     assert "cp.async.bulk.tensor.2d.shared::cta.global" in ptx  # TMA loads of both operands

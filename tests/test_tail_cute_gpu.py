@@ -1,6 +1,7 @@
 """CuTe DSL tail kernel on an H100/H200 (issue 7): against a float64 reference on random shapes (M not
 a multiple of the tile, K longer and shorter than the pipeline), poisoned outputs, every fragment
-layout, the op path, determinism, the current stream, and CUDA-graph capture + replay.
+layout, the op path, determinism, the current stream, CUDA-graph capture + replay, and the programmatic
+dependent launch (bitwise the plain one, also behind a kernel that signals early and writes its input).
 
 Kernels compile once per (R, tile config); the cases stay within R in {1, 8} and the buckets that
 bench/tail_cute.py also measures, so a run of both in one process compiles each kernel once.
@@ -142,3 +143,50 @@ def test_capture_without_warmup_raises_clearly():
     with pytest.raises(CuteCompileDuringCapture, match="warmup"):
         with torch.cuda.graph(graph):
             tail_cute_fused(y, w, frags)
+
+
+@pytest.mark.parametrize(("m", "k", "n", "r"), [(1, 1536, 512, 1), (8, 3584, 1024, 8), (32, 1536, 512, 8),
+                                                (77, 1536, 384, 8), (200, 1536, 640, 8), (5, 128, 256, 8)])
+def test_programmatic_dependent_launch_is_bitwise_the_plain_one(m, k, n, r, rng_seed):
+    from latent_moe_fusion.ops.cute import tail_cute_fused
+
+    y, w, _, frags = _inputs(m, k, n, r)
+    plain = tail_cute_fused(y, w, frags, out=_poisoned(m, n), pdl=False)
+    dependent = tail_cute_fused(y, w, frags, out=_poisoned(m, n), pdl=True)
+    assert torch.equal(plain, dependent)
+    assert _rel_l2(dependent, _reference64(y, w, frags)) < TOL
+
+
+@pytest.mark.parametrize("m", [8, 32])
+def test_dependent_launch_waits_for_the_combine_that_signals_early(m, monkeypatch, rng_seed):
+    """The producer's combine signals its dependents first thing, then writes y_n: the tail launched behind
+    it in a captured graph must read the y_n of this replay (poisoned output, fresh pairs every replay)."""
+    from latent_moe_fusion.ops.cute import tail_cute_fused, warmup
+    from latent_moe_fusion.ops.triton_kernels.combine import launch_combine
+
+    monkeypatch.setenv("LMF_PDL", "tail")
+    k, n, r, top_k = 3584, 2048, 1, 4
+    warmup(m_values=[m], num_frags=[r])
+    pairs = torch.randn(m * top_k, k, device="cuda")
+    ids = torch.randint(0, 16, (m, top_k), device="cuda", dtype=torch.int32)
+    weights = torch.rand(m, top_k, device="cuda")
+    norm = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
+    y = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
+    _, w, _, frags = _inputs(m, k, n, r)
+    for _ in range(2):
+        launch_combine(pairs, ids, weights, y, norm, 1e-5)
+        tail_cute_fused(y, w, frags)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch_combine(pairs, ids, weights, y, norm, 1e-5)
+        out = tail_cute_fused(y, w, frags)
+    for _ in range(10):
+        pairs.copy_(torch.randn_like(pairs))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = tail_cute_fused(y, w, frags, out=_poisoned(m, n), pdl=False)  # y as this replay's combine wrote it
+        assert torch.equal(out, want)
+        launch_combine(pairs, ids, weights, y, norm, 1e-5)  # and y is that of these pairs
+        assert torch.equal(out, tail_cute_fused(y, w, frags, out=_poisoned(m, n), pdl=False))

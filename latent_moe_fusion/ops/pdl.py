@@ -9,7 +9,8 @@ kernel, or any earlier one, writes. Before the wait a kernel only reads weights 
 written before its predecessor started, and writes nothing.
 
 Sites (LMF_PDL, a comma list; "all" or "none"/"0"; read per call so a benchmark can A/B them):
-  tail    the latent tail's decode (swap-AB) kernels: prefetch their weight rows to L2, then wait;
+  tail    the latent tail's decode kernels: Triton's prefetch their weight rows to L2, then wait; the
+          CuTe kernel loads the weight tiles of its first ring stages, then waits (cute/tail_kernel.py);
           the combine before them signals early
   routed  the routed register-dequant chain L1 -> L1 finish -> L2 of a single token (K split): L1
           signals early, the finish and L2 are launched dependent (L2 prefetches its weight rows first).

@@ -12,6 +12,12 @@ transaction count); all warpgroups wait on it, issue WGMMAs (fp32 accumulators i
 release the slot of the previous K step once `wgmma.wait_group 1` says its reads are done.
 With swap_ab the MMA computes out^T tiles: W rows fill the 64-wide M slot, tokens the N slot.
 
+Programmatic dependent launch (pdl, compile-time): launched with programmatic stream serialisation, the
+kernel may start while the kernel before it (the producer's combine, which signals early) still runs. Warp 0
+then loads the weight tiles of the first `stages` K steps, which nothing before writes, executes
+`griddepcontrol.wait`, and only then loads the token tiles into the same stages (each stage's barrier expects
+both); every other thread waits before it reads anything (the epilogue's fragments) or writes.
+
 Epilogue: the accumulators are staged as fp32 in the (now idle) pipeline buffers, laid out with the
 output's hidden dimension contiguous whichever orientation the MMA had; then each thread takes
 8 consecutive outputs of one token row: 16-byte loads of every fragment, an fp32 sum in the order
@@ -33,7 +39,7 @@ from .tail_configs import EPI_PAD, TILE_K, VEC, CuteTailConfig
 
 
 class TailKernelSm90:
-    def __init__(self, cfg: CuteTailConfig, io_dtype: type[cutlass.Numeric], num_frags: int):
+    def __init__(self, cfg: CuteTailConfig, io_dtype: type[cutlass.Numeric], num_frags: int, pdl: bool = False):
         cfg.check()
         if num_frags < 1:
             raise ValueError(f"num_frags must be >= 1, got {num_frags}")
@@ -41,6 +47,7 @@ class TailKernelSm90:
         self.io_dtype = io_dtype
         self.acc_dtype = cutlass.Float32
         self.num_frags = num_frags
+        self.pdl = pdl
         self.tile_mnk = (cfg.mma_m, cfg.mma_n, TILE_K)
         self.threads = cfg.threads
         self.stages = cfg.stages
@@ -125,6 +132,7 @@ class TailKernelSm90:
             grid=(grid_m, grid_n, 1),
             block=[self.threads, 1, 1],
             stream=stream,
+            use_pdl=self.pdl,
         )
 
     # ------------------------------------------------------------------ device side
@@ -192,10 +200,27 @@ class TailKernelSm90:
         k_blocks = cute.size(frag_a, mode=[2])
 
         producer = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        # Under swap-AB the MMA's A operand is the weight, else its B.
+        weights = (tma_a, t_ga, t_sa) if cutlass.const_expr(self.cfg.swap_ab) else (tma_b, t_gb, t_sb)
+        tokens = (tma_b, t_gb, t_sb) if cutlass.const_expr(self.cfg.swap_ab) else (tma_a, t_ga, t_sa)
         if warp == 0:
-            for _ in cutlass.range(cutlass.min(self.stages, k_tiles), unroll=1):
-                self._load_stage(ring, producer, tma_a, t_ga, t_sa, tma_b, t_gb, t_sb)
-                producer.advance()
+            if cutlass.const_expr(self.pdl):
+                early = producer.clone()
+                for _ in cutlass.range(cutlass.min(self.stages, k_tiles), unroll=1):
+                    ring.producer_acquire(early)  # arms the stage for both operands' bytes
+                    self._copy(ring, early, *weights)
+                    early.advance()
+                cute.arch.griddepcontrol_wait()
+                for _ in cutlass.range(cutlass.min(self.stages, k_tiles), unroll=1):
+                    self._copy(ring, producer, *tokens)
+                    ring.producer_commit(producer)
+                    producer.advance()
+            else:
+                for _ in cutlass.range(cutlass.min(self.stages, k_tiles), unroll=1):
+                    self._load_stage(ring, producer, tma_a, t_ga, t_sa, tma_b, t_gb, t_sb)
+                    producer.advance()
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()  # every thread, before it reads the fragments or writes
 
         reader = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         releaser = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -231,6 +256,10 @@ class TailKernelSm90:
         # Every warp is done with the operand buffers before they are reused as the fp32 staging.
         cute.arch.sync_threads()
         self._epilogue(buf, thr_mma, acc, m_f, m_out, tile_a, tile_b, tidx)
+
+    @cute.jit
+    def _copy(self, ring, state, tma, t_g, t_s):
+        cute.copy(tma, t_g[(None, state.count)], t_s[(None, state.index)], tma_bar_ptr=ring.producer_get_barrier(state))
 
     @cute.jit
     def _load_stage(self, ring, state, tma_a, t_ga, t_sa, tma_b, t_gb, t_sb):

@@ -1,6 +1,6 @@
 """Compile cache, warm-up and launch of the CuTe DSL tail kernel (imports cutlass on first use only).
 
-One compiled kernel per (arch, dtype, R, tile config); M, N, K and all strides are run-time
+One compiled kernel per (arch, dtype, R, tile config, PDL or not); M, N, K and all strides are run-time
 arguments, so a decode bucket's kernel serves every M of the bucket and any weight shape.
 Compiling takes seconds, so it never happens implicitly under CUDA-graph capture: `warmup()`
 compiles and loads ahead, and a launch under capture that would need a compile raises
@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..pdl import device_supports_pdl, use_pdl
 from .tail_configs import CuteTailConfig, all_configs, pick_config
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
@@ -33,6 +34,7 @@ class KernelKey:
     dtype: torch.dtype
     num_frags: int
     cfg: CuteTailConfig
+    pdl: bool = False  # launched as a programmatic dependent (tail_kernel.py; ops/pdl.py's "tail" site)
 
 
 _COMPILED: dict[KernelKey, Any] = {}
@@ -78,7 +80,7 @@ def compile_kernel(key: KernelKey, keep_ptx: bool = False) -> Any:
         from .tail_kernel import TailKernelSm90
 
         dtype = _cutlass_dtype(key.dtype)
-        kernel = TailKernelSm90(key.cfg, dtype, key.num_frags)
+        kernel = TailKernelSm90(key.cfg, dtype, key.num_frags, key.pdl)
         ptrs = [make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=16) for _ in range(4)]
         sizes = [cutlass.Int32(0)] * 8
         options = f"--gpu-arch {key.arch}" + (" --keep-ptx" if keep_ptx else "")
@@ -106,8 +108,9 @@ def _loaded(key: KernelKey, device: torch.device) -> Any:
     return run
 
 
-def key_for(m: int, dtype: torch.dtype, num_frags: int, cfg: CuteTailConfig | None = None) -> KernelKey:
-    return KernelKey(target_arch(), dtype, num_frags, cfg if cfg is not None else pick_config(m))
+def key_for(m: int, dtype: torch.dtype, num_frags: int, cfg: CuteTailConfig | None = None,
+            pdl: bool = False) -> KernelKey:
+    return KernelKey(target_arch(), dtype, num_frags, cfg if cfg is not None else pick_config(m), pdl)
 
 
 def tail_cute_fused(
@@ -116,10 +119,12 @@ def tail_cute_fused(
     frags: torch.Tensor,
     out: torch.Tensor | None = None,
     cfg: CuteTailConfig | None = None,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """out [M, N] = round(((y @ w^T) + frags[0]) + ... + frags[R-1]); y [M, K], w [N, K], frags [R, M, N].
 
     The caller checks shapes and strides (backend `supports`); this launches on the current stream.
+    pdl: launch as a programmatic dependent (default: ops/pdl.py's "tail" site, LMF_PDL).
     """
     m, k = y.shape
     n = w.shape[0]
@@ -131,7 +136,9 @@ def tail_cute_fused(
     from cutlass.cute import AddressSpace
     from cutlass.cute.runtime import make_ptr
 
-    key = key_for(m, y.dtype, frags.shape[0], cfg)
+    if pdl is None:
+        pdl = use_pdl("tail", y.device)
+    key = key_for(m, y.dtype, frags.shape[0], cfg, pdl)
     run = _loaded(key, y.device)
     dtype = _cutlass_dtype(y.dtype)
 
@@ -155,13 +162,16 @@ def warmup(
 ) -> list[KernelKey]:
     """Compile (and, on a CUDA device, load) the kernels serving these M values; call before graph capture.
 
-    m_values None means every bucket. device None only compiles (CPU machines).
+    m_values None means every bucket. device None only compiles (CPU machines). Both launch forms are
+    prepared where PDL can run (LMF_PDL is read per launch), else the plain one.
     """
     cfgs = all_configs() if m_values is None else tuple(dict.fromkeys(pick_config(m) for m in m_values))
-    keys = [KernelKey(target_arch(), dtype, r, cfg) for r in num_frags for cfg in cfgs]
+    on_cuda = device is not None and torch.device(device).type == "cuda"
+    forms = (False, True) if device is None or (on_cuda and device_supports_pdl(torch.device(device))) else (False,)
+    keys = [KernelKey(target_arch(), dtype, r, cfg, pdl) for r in num_frags for cfg in cfgs for pdl in forms]
     for key in keys:
         compile_kernel(key)
-        if device is not None and torch.device(device).type == "cuda":
+        if on_cuda:
             _loaded(key, torch.device(device))
     return keys
 
