@@ -10,6 +10,9 @@ from latent_moe_fusion.ops.route_and_produce import (
     SHARED_FIRST_ENV,
     SHARED_FIRST_MAX_TOKENS,
     SHARED_FIRST_MIN_TOKENS,
+    SHARED_FIRST_ORDER_ENV,
+    SHARED_LAST_MAX_TOKENS,
+    shared_first_order,
     shared_first_wanted,
 )
 from latent_moe_fusion.reference64 import block_float64
@@ -97,3 +100,15 @@ def test_shared_first_switch(monkeypatch):
     monkeypatch.setenv(SHARED_FIRST_ENV, "on")
     with pytest.raises(ValueError, match="LMF_SHARED_FIRST='on': expected 1"):
         shared_first_wanted(8)
+
+
+def test_launch_order_switch(monkeypatch):
+    monkeypatch.delenv(SHARED_FIRST_ORDER_ENV, raising=False)
+    assert shared_first_order(SHARED_LAST_MAX_TOKENS) == ("router", "down", "shared")
+    assert shared_first_order(SHARED_LAST_MAX_TOKENS + 1) == ("shared", "router", "down")
+    monkeypatch.setenv(SHARED_FIRST_ORDER_ENV, "down, router,shared")
+    assert shared_first_order(8) == shared_first_order(128) == ("down", "router", "shared")
+    for bad in ("router,down", "router,down,down", "gate,router,down"):
+        monkeypatch.setenv(SHARED_FIRST_ORDER_ENV, bad)
+        with pytest.raises(ValueError, match="LMF_SHARED_FIRST_ORDER=.*expected the three branches shared, router, down"):
+            shared_first_order(8)

@@ -17,6 +17,8 @@ rate with SM slots to spare. The shared-first schedule (CUDA, MXFP4 routed weigh
     caller stream:  router GEMM -> lmf::noaux_tc_route -> expert grouping -> routed L1, L2, combine + RMSNorm
     side stream 2:  latent down-projection z                           (the routed L1 waits for it)
 
+(launched in the order shared_first_order gives: the shared expert last up to 8 tokens, first beyond.)
+
 Every kernel is the one the two ops launch (same GEMMs, route, grouping and routed kernels), so outputs are
 bitwise those of the two ops wherever the producer runs its shared expert by cuBLAS (beside the register-dequant
 kernels: from 5 tokens on); only the order on the GPU changes. H200, compiled + fused Kimi K3 rank block in CUDA
@@ -47,6 +49,16 @@ SHARED_FIRST_MIN_TOKENS = 5  # below: the producer's Triton shared grids beside 
 # Above: prefill, outside CUDA graphs, where the extra host time before the first launch delays the forward;
 # the fusion pass does not insert the op for a static batch above it (fusion_pass/router_overlap.py).
 SHARED_FIRST_MAX_TOKENS = 128
+# In which order the three branches of the shared-first schedule are launched (A/B switch): a permutation of
+# "shared", "router" (router GEMM, route, grouping) and "down" (the down-projection). Every side stream forks
+# before any of them, so the order only decides which kernels the GPU starts first: the cuBLAS GEMMs of each
+# take every SM, so they run largely in launch order. H200 block, alternating rounds (us, bench/results/
+# decode_tuning_shared_first_order.md): M = 8 shared first 163.4, router,down,shared 160.6; M = 32 256.7 /
+# 256.3 (router,shared,down 253.6); M = 128 375.7 / 386.1. Hence the shared expert's GEMMs are launched last
+# up to SHARED_LAST_MAX_TOKENS tokens, first beyond.
+SHARED_FIRST_ORDER_ENV = "LMF_SHARED_FIRST_ORDER"
+SHARED_FIRST_BRANCHES = ("shared", "router", "down")
+SHARED_LAST_MAX_TOKENS = 8
 
 
 def validate_route_and_produce(*args) -> tuple[int, int, int, int]:
@@ -68,6 +80,18 @@ def shared_first_wanted(num_tokens: int) -> bool:
     if forced not in ("", "0", "1"):
         raise ValueError(f"{SHARED_FIRST_ENV}={forced!r}: expected 1 (shared expert first), 0 (never) or unset")
     return forced == "1" if forced else SHARED_FIRST_MIN_TOKENS <= num_tokens <= SHARED_FIRST_MAX_TOKENS
+
+
+def shared_first_order(num_tokens: int) -> tuple[str, ...]:
+    """The launch order of the shared-first schedule's branches (SHARED_FIRST_ORDER_ENV, else by token count)."""
+    value = os.environ.get(SHARED_FIRST_ORDER_ENV, "")
+    if not value:
+        return ("router", "down", "shared") if num_tokens <= SHARED_LAST_MAX_TOKENS else ("shared", "router", "down")
+    order = tuple(v.strip() for v in value.split(","))
+    if sorted(order) != sorted(SHARED_FIRST_BRANCHES):
+        raise ValueError(f"{SHARED_FIRST_ORDER_ENV}={value!r}: expected the three branches "
+                         f"{', '.join(SHARED_FIRST_BRANCHES)} in launch order, comma-separated, or unset")
+    return order
 
 
 def route_and_produce_reference(x, gate_weight, correction_bias, w_down, router_gemm, top_k, renorm_eps,
@@ -113,13 +137,26 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
     shared_stream, down_stream = side_stream(x.device, "shared_first"), side_stream(x.device, "down_projection")
     shared_stream.wait_stream(main)
     down_stream.wait_stream(main)  # both forks precede the router's launches: neither side waits on them
-    with torch.cuda.stream(shared_stream):
-        shared_by_library(x_s, w1_s, w3_s, w2_s, s_out, beta, lin_beta)
-    ids, weights = torch.ops.lmf.noaux_tc_route(router_logits(x, gate_weight, router_gemm), correction_bias, top_k,
-                                                renorm_eps, scaling_factor, first_expert, num_local)
-    with torch.cuda.stream(down_stream):
-        torch.mm(x, w_down.t(), out=z)
-    grouping = planned_grouping(z, ids, w13, w2, weight_format)  # beside the down-projection
+    routed: dict = {}
+
+    def shared() -> None:
+        with torch.cuda.stream(shared_stream):
+            shared_by_library(x_s, w1_s, w3_s, w2_s, s_out, beta, lin_beta)
+
+    def router() -> None:
+        routed["ids"], routed["weights"] = torch.ops.lmf.noaux_tc_route(
+            router_logits(x, gate_weight, router_gemm), correction_bias, top_k, renorm_eps, scaling_factor,
+            first_expert, num_local)
+        routed["grouping"] = planned_grouping(z, routed["ids"], w13, w2, weight_format)  # beside the down-projection
+
+    def down() -> None:
+        with torch.cuda.stream(down_stream):
+            torch.mm(x, w_down.t(), out=z)
+
+    branches = {"shared": shared, "router": router, "down": down}
+    for branch in shared_first_order(x.shape[0]):
+        branches[branch]()
+    ids, weights, grouping = routed["ids"], routed["weights"], routed["grouping"]
     main.wait_stream(down_stream)
     y_n = run_experts(z, ids, weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
                       rms_weight=rms_weight, eps=eps, shared=None, grouping=grouping)
