@@ -11,6 +11,8 @@ import datetime
 import json
 import os
 import platform
+import statistics
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -112,6 +114,21 @@ def time_back_to_back_interleaved_ms(fns: dict[str, Callable[[], Any]], rounds: 
             end.synchronize()
             samples[name].append(start.elapsed_time(end) / iters)
     return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
+
+
+def host_us(fn: Callable[[], Any], calls: int = 60) -> tuple[float, float]:
+    """(median, minimum) host microseconds of one call from an idle GPU (synchronised before) to its return;
+    the minimum is the call's own cost, the median adds this host's noise (tens of us between runs)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times), min(times)
 
 
 def time_graph_ms(step: Callable[[int], Any], num_sets: int, replays: int = 20, warmup: int = 3) -> float:

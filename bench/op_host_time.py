@@ -13,9 +13,7 @@ Each figure is the median host time of one call with the GPU idle before it and 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,26 +24,11 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.block import kimi_rank_block  # noqa: E402
-from bench.common import environment, write_results  # noqa: E402
+from bench.common import environment, host_us, write_results  # noqa: E402
 from latent_moe_fusion.model.router import localize_ids, route  # noqa: E402
 from latent_moe_fusion.ops import library  # noqa: E402
 from latent_moe_fusion.ops.backends import select_backend  # noqa: E402
 from latent_moe_fusion.ops.validation import validate_routed, validate_tail  # noqa: E402
-
-
-def host_us(fn, calls: int = 60) -> tuple[float, float]:
-    """(median, minimum) host microseconds of one call; the minimum is the call's own cost, the median
-    adds this host's noise (which moves medians by tens of us between runs)."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(times), min(times)
 
 
 @triton.jit

@@ -13,9 +13,7 @@ entries to the block's code object.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -23,19 +21,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.block import compile_afresh, compiled, kimi_rank_block  # noqa: E402
-from bench.common import environment, time_back_to_back_interleaved_ms, time_interleaved_ms, write_results  # noqa: E402
-
-
-def host_us(fn, n: int = 6) -> float:
-    """Median host time of one call from an idle GPU (synchronised before), up to its return."""
-    samples = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(samples)
+from bench.common import (  # noqa: E402
+    environment,
+    host_us,
+    time_back_to_back_interleaved_ms,
+    time_interleaved_ms,
+    write_results,
+)
 
 
 def main() -> None:
@@ -69,7 +61,7 @@ def main() -> None:
         row["compiled / fused"] = medians["compiled"] / medians["fused"]
         row["fused again / fused"] = medians["fused again"] / medians["fused"]
         rows.append(row)
-    rows.append({"M": args.m, "timing": "host us per call"} | {f"{name} us": host_us(fn) for name, fn in fns.items()})
+    rows.append({"M": args.m, "timing": "host us per call"} | {f"{name} us": host_us(fn, calls=6)[0] for name, fn in fns.items()})
     for row in rows:
         print(row, flush=True)
     meta = environment() | {
