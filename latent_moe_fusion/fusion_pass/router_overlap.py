@@ -185,8 +185,9 @@ def _args(m: OverlapMatch) -> tuple:
     return route_args + tuple(c.args[3:]) + ((c.kwargs["group_name"],) if "group_name" in c.kwargs else ())
 
 
-def _op(m: OverlapMatch):
-    return ROUTE_AND_PRODUCE if m.with_producer else ROUTE_AND_PROJECT
+def _op(m: OverlapMatch) -> tuple[torch._ops.OpOverload, str]:
+    """The op the match goes into, and its name."""
+    return (ROUTE_AND_PRODUCE, "route_and_produce") if m.with_producer else (ROUTE_AND_PROJECT, "route_and_project")
 
 
 def _as_tensor(val) -> torch.Tensor | None:
@@ -200,13 +201,13 @@ def _same(val, want) -> bool:
 def check_overlap(m: OverlapMatch, config: FusionConfig, caps: Capabilities) -> str:
     """The backend that will serve the op; raises Reject when none can."""
     vals = [_val(a) if isinstance(a, fx.Node) else a for a in _args(m)]
-    op_name = "route_and_produce" if m.with_producer else "route_and_project"
+    op, op_name = _op(m)
     fake_mode = getattr(vals[0], "fake_mode", None)
     if fake_mode is None or any(v is None for v in vals[:4]):
         raise Reject(f"the graph has no fake tensors to check lmf::{op_name} with")
     with fake_mode:
         try:
-            m.fake_outputs = _op(m)(*vals)
+            m.fake_outputs = op(*vals)
         except Exception as exc:
             raise Reject(f"lmf::{op_name} refuses the matched arguments ({type(exc).__name__}: {exc})") from exc
     if m.with_producer:
@@ -236,9 +237,7 @@ def rewrite_overlap(graph: fx.Graph, m: OverlapMatch) -> None:
     for old, new in zip((*m.outputs, m.down), outs, strict=True):
         if old is not None:
             old.replace_all_uses_with(new)
-    for node in (*m.outputs, m.route, m.logits, m.down, *m.removable):
-        if node is not None and node.op == "call_function" and not node.users:
-            graph.erase_node(node)
+    _erase_replaced(graph, m)
 
 
 def _rewrite_with_producer(graph: fx.Graph, m: OverlapMatch) -> None:
@@ -249,6 +248,11 @@ def _rewrite_with_producer(graph: fx.Graph, m: OverlapMatch) -> None:
     op.meta["val"] = m.fake_outputs
     m.consumer.replace_all_uses_with(op)
     graph.erase_node(m.consumer)
+    _erase_replaced(graph, m)
+
+
+def _erase_replaced(graph: fx.Graph, m: OverlapMatch) -> None:
+    """The matched nodes the op replaced, once they have lost their users."""
     for node in (*m.outputs, m.route, m.logits, m.down, *m.removable):
         if node is not None and node.op == "call_function" and not node.users:
             graph.erase_node(node)
