@@ -49,6 +49,10 @@ BENCHMARKS = (
     ("decode_tuning.py", (), None),  # decode knobs (PDL sites, prefetch, shared-expert programs, ...) on the block
     ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "128", "--knobs", "LMF_SHARED_FIRST", "--rounds",
                           "5", "--name", "decode_tuning_shared_first"), None),  # lmf::route_and_produce's schedule
+    ("decode_tuning.py", ("--m", "8", "32", "128", "--knobs", "LMF_SHARED_FIRST_ORDER", "--rounds", "5", "--name",
+                          "decode_tuning_shared_first_order"), None),  # its branches' launch order
+    ("decode_tuning.py", ("--m", "8", "32", "64", "--knobs", "LMF_PDL", "--values", "LMF_PDL=none,routed", "--rounds",
+                          "5", "--name", "decode_tuning_cute_tail_pdl"), None),  # the CuTe tail's dependent launch
     ("prefill_timing.py", (), None),  # prefill timed as single synchronised calls or back to back
     ("prefill_timing.py", ("--precompile", "1", "8", "32", "128", "--name", "prefill_timing_precompiled"), None),
     ("graph_timeline.py", (), None),  # kernels of one replayed decode forward: start, duration, idle before
