@@ -58,6 +58,8 @@ def _tp_sp_worker(rank: int, world: int, seed: int) -> dict:
         "rejected": fusion_pass.report.rejected,
         "collectives_left": sum(n for op, n in fusion_pass.report.ops_after.items()
                                 if "all_reduce" in op or "reduce_scatter" in op),
+        # both blocks' routers go with their producers into lmf::route_and_produce (fragments published inside)
+        "with_producer": [r.with_producer for r in fusion_pass.report.routings],
         "rel": [rel_l2(out, ref) for out, ref in zip(fused, eager, strict=True)],
         "finite": all(bool(torch.isfinite(out).all()) for out in fused),
         "tp_out": fused[0].float().sum().item(),
@@ -72,6 +74,7 @@ def test_fused_matches_eager_tp_and_sp_on_gloo(world, rng_seed):
     for rank, res in enumerate(results):
         assert res["forms"] == ["all_reduce", "sequence_parallel"], (rank, res["rejected"])
         assert res["collectives_left"] == 0, rank
+        assert res["with_producer"] == [True, True], (rank, res["with_producer"])
         assert res["finite"], rank
         assert max(res["rel"]) <= BF16_TOL, (rank, res["rel"])
         assert res["fusion_on_after_one_rank_disabled"] is False, rank
