@@ -36,7 +36,7 @@ import torch
 
 from .backends import Backend, register_backend, select_backend
 from .layouts import fragment_shape, group_size, publish_fragments
-from .library import _define, _moe_shared_producer, _validate_producer
+from .library import _define, _run_routed_backend, _validate_producer
 from .reference import ANY_DEVICE
 from .route_and_project import route_and_project_cuda, route_and_project_reference, validate_route_and_project
 from .routing import router_logits
@@ -94,12 +94,18 @@ def shared_first_order(num_tokens: int) -> tuple[str, ...]:
     return order
 
 
+def _produce(z, ids, weights, produce_args: tuple):
+    """lmf::moe_shared_producer's backend on the router's outputs; the op checked its arguments already
+    (validate_route_and_produce), so this skips the producer's own validation (host time outside graphs)."""
+    return _run_routed_backend("moe_shared_producer", ids, produce_args[0].shape[0], (z, ids, weights, *produce_args))
+
+
 def route_and_produce_reference(x, gate_weight, correction_bias, w_down, router_gemm, top_k, renorm_eps,
                                 scaling_factor, first_expert, num_local, *produce_args):
     """The two ops in a row, any device: the op's definition."""
     ids, weights, z = route_and_project_reference(x, gate_weight, correction_bias, w_down, router_gemm, top_k,
                                                   renorm_eps, scaling_factor, first_expert, num_local)
-    return _moe_shared_producer(z, ids, weights, *produce_args)
+    return _produce(z, ids, weights, produce_args)
 
 
 def _triton_producer_serves(args: tuple, z: torch.Tensor) -> bool:
@@ -126,7 +132,7 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
     z = torch.empty(x.shape[0], w_down.shape[0], dtype=x.dtype, device=x.device) if shared_first else None
     if not (shared_first and _triton_producer_serves(args, z)):
         ids, weights, z = route_and_project_cuda(*args[:10])
-        return _moe_shared_producer(z, ids, weights, *args[10:])
+        return _produce(z, ids, weights, args[10:])
     from .triton_kernels.expert_schedule import planned_grouping, run_experts
     from .triton_kernels.shared_by_library import shared_by_library
 
