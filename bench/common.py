@@ -35,6 +35,8 @@ def environment() -> dict[str, Any]:
         # one GPU model is lent on: record which host ran them.
         "host": platform.node(),
         "host_cpu": _cpu_model(),
+        # Whether the CuTe DSL tail could run (it is the tail's backend where installed and measured faster).
+        "cute_dsl": _cute_dsl_version(),
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
@@ -47,6 +49,17 @@ def environment() -> dict[str, Any]:
     else:
         info["device"] = "cpu"
     return info
+
+
+def _cute_dsl_version() -> str:
+    from importlib import metadata, util
+
+    try:
+        if util.find_spec("cutlass") is not None:
+            return metadata.version("nvidia-cutlass-dsl")
+    except (ImportError, ValueError, metadata.PackageNotFoundError):
+        pass
+    return "absent (Triton tail)"
 
 
 def _cpu_model() -> str:

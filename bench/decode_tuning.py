@@ -5,8 +5,8 @@ serves every setting; each setting gets its own graph capture): programmatic dep
 the tail's L2 prefetch depth (ops/pdl.py), the shapes of the side-stream shared expert's Triton programs
 (K slices and rows per program of gate/up, rows and K tile per program of down), whether the routed
 grouping goes before or after the shared expert's fork, the router beside the down-projection or in
-a row with it, which of the two is launched first, and whether lmf::route_and_produce starts the shared
-expert first. Phase 1 times each value of each knob against the defaults in alternating rounds;
+a row with it, which of the two is launched first, whether lmf::route_and_produce starts the shared
+expert first, in which order and which of its branches go on high-priority streams. Phase 1 times each value of each knob against the defaults in alternating rounds;
 phase 2 times the defaults against every knob at its phase-1 winner.
 Outputs of every setting are checked against the defaults' (relative L2; PDL, prefetch and program
 shapes must not change them beyond the last-place effects of a different K split).
@@ -33,6 +33,8 @@ from latent_moe_fusion.ops.route_and_produce import (  # noqa: E402
     SHARED_FIRST_ENV,
     SHARED_FIRST_MAX_TOKENS,
     SHARED_FIRST_ORDER_ENV,
+    SHARED_FIRST_URGENT_CHOICES,
+    SHARED_FIRST_URGENT_ENV,
 )
 from latent_moe_fusion.ops.route_and_project import OVERLAP_ENV, OVERLAP_MAX_TOKENS, OVERLAP_ORDER_ENV  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import GROUP_FIRST_ENV, SHARED_ENV  # noqa: E402
@@ -65,12 +67,13 @@ KNOBS: dict[str, tuple[str, ...]] = {
     LOAD_ORDER_ENV: ("early", "late"),
     SHARED_FIRST_ENV: ("0", "1"),
     SHARED_FIRST_ORDER_ENV: ("shared,router,down", "router,down,shared", "down,router,shared", "router,shared,down"),
+    SHARED_FIRST_URGENT_ENV: SHARED_FIRST_URGENT_CHOICES,
 }
 # Knobs that act only up to this many tokens (the side-stream Triton shared expert, the grouping order).
 ACTIVE_UP_TO = {SHARED_SPLIT_ENV: 4, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4, SHARED_L2_K_ENV: 4,
                 GROUP_FIRST_ENV: 16, GEMV_ENV: 2, SHARED_ENV: 16, ROUTED_GEMV_ENV: 8, OVERLAP_ENV: OVERLAP_MAX_TOKENS,
                 OVERLAP_ORDER_ENV: OVERLAP_MAX_TOKENS, SHARED_FIRST_ENV: SHARED_FIRST_MAX_TOKENS,
-                SHARED_FIRST_ORDER_ENV: SHARED_FIRST_MAX_TOKENS}
+                SHARED_FIRST_ORDER_ENV: SHARED_FIRST_MAX_TOKENS, SHARED_FIRST_URGENT_ENV: SHARED_FIRST_MAX_TOKENS}
 
 
 def _time(fn, xs, env: dict[str, str]) -> float:
@@ -87,7 +90,15 @@ def main() -> None:
     ap.add_argument("--name", default="decode_tuning", help="results file name (bench/results/<name>.md)")
     ap.add_argument("--values", nargs="*", default=[], metavar="KNOB=V1,V2",
                     help="sweep these values of a knob instead of its built-in list")
+    ap.add_argument("--combo", nargs="*", default=[], metavar="KNOB=V;KNOB=V",
+                    help="also time these settings of several knobs at once (phase 1, no winner selection)")
     args = ap.parse_args()
+    combos = {}
+    for spec in args.combo:
+        pairs = [item.partition("=") for item in spec.split(";")]
+        if not spec or any(k not in KNOBS or not v for k, _, v in pairs):
+            raise SystemExit(f"--combo {spec!r}: expected KNOB=V;KNOB=V with each KNOB one of {', '.join(sorted(KNOBS))}")
+        combos[spec.replace(";", " + ")] = {k: v for k, _, v in pairs}
     for spec in args.values:
         knob, _, vals = spec.partition("=")
         if knob not in KNOBS or not vals:
@@ -100,7 +111,7 @@ def main() -> None:
         ref = fused(xs[0]).clone()
         knobs = {k: vals for k, vals in KNOBS.items()
                  if m <= ACTIVE_UP_TO.get(k, m) and (not args.knobs or k in args.knobs)}
-        settings = {"defaults": {}} | {f"{k}={v}": {k: v} for k, vals in knobs.items() for v in vals}
+        settings = {"defaults": {}} | {f"{k}={v}": {k: v} for k, vals in knobs.items() for v in vals} | combos
         samples: dict[str, list[float]] = {name: [] for name in ["compiled", *settings]}
         errs = {}
         for name, env in settings.items():

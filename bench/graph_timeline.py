@@ -138,11 +138,16 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--m", type=int, nargs="*", default=[1, 8, 32])
     ap.add_argument("--name", default="graph_timeline")
+    ap.add_argument("--fused-env", nargs="*", default=[], metavar="KNOB=VALUE",
+                    help="also profile the fused block with each of these settings")
     args = ap.parse_args()
     block, base, fused, _ = compiled_rank_block()
     # (forward, environment while capturing): PDL's sites are read per call, so one compile serves both
     variants = {"compiled": (base, {}), "compiled+fused": (fused, {}),
                 "compiled+fused, LMF_PDL=none": (fused, {PDL_ENV: "none"})}
+    for spec in args.fused_env:
+        knob, _, value = spec.partition("=")
+        variants[f"compiled+fused, {spec}"] = (fused, {knob: value})
     meta = environment()
     out: dict[str, Any] = {"meta": meta, "timelines": {}}
     text = [f"# {args.name}: kernels of one replayed decode forward\n",

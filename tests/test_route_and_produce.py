@@ -7,12 +7,15 @@ import torch
 
 from latent_moe_fusion import KimiK3MoEBlock
 from latent_moe_fusion.ops.route_and_produce import (
+    ROUTER_FIRST_MAX_TOKENS,
     SHARED_FIRST_ENV,
     SHARED_FIRST_MAX_TOKENS,
     SHARED_FIRST_MIN_TOKENS,
     SHARED_FIRST_ORDER_ENV,
-    SHARED_LAST_MAX_TOKENS,
+    SHARED_FIRST_URGENT_ENV,
+    URGENT_MAX_TOKENS,
     shared_first_order,
+    shared_first_urgent,
     shared_first_wanted,
 )
 from latent_moe_fusion.reference64 import block_float64
@@ -104,11 +107,22 @@ def test_shared_first_switch(monkeypatch):
 
 def test_launch_order_switch(monkeypatch):
     monkeypatch.delenv(SHARED_FIRST_ORDER_ENV, raising=False)
-    assert shared_first_order(SHARED_LAST_MAX_TOKENS) == ("router", "down", "shared")
-    assert shared_first_order(SHARED_LAST_MAX_TOKENS + 1) == ("shared", "router", "down")
+    assert shared_first_order(ROUTER_FIRST_MAX_TOKENS) == ("router", "shared", "down")
+    assert shared_first_order(ROUTER_FIRST_MAX_TOKENS + 1) == ("shared", "router", "down")
     monkeypatch.setenv(SHARED_FIRST_ORDER_ENV, "down, router,shared")
     assert shared_first_order(8) == shared_first_order(128) == ("down", "router", "shared")
     for bad in ("router,down", "router,down,down", "gate,router,down"):
         monkeypatch.setenv(SHARED_FIRST_ORDER_ENV, bad)
         with pytest.raises(ValueError, match="LMF_SHARED_FIRST_ORDER=.*expected the three branches shared, router, down"):
             shared_first_order(8)
+
+
+def test_urgent_branches_switch(monkeypatch):
+    monkeypatch.delenv(SHARED_FIRST_URGENT_ENV, raising=False)
+    assert shared_first_urgent(URGENT_MAX_TOKENS) == "all" and shared_first_urgent(URGENT_MAX_TOKENS + 1) == "none"
+    for value in ("none", "route", "all"):
+        monkeypatch.setenv(SHARED_FIRST_URGENT_ENV, value)
+        assert shared_first_urgent(1) == shared_first_urgent(128) == value
+    monkeypatch.setenv(SHARED_FIRST_URGENT_ENV, "1")
+    with pytest.raises(ValueError, match="LMF_SHARED_FIRST_URGENT='1': expected one of none, route, all"):
+        shared_first_urgent(8)

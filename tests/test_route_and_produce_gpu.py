@@ -9,7 +9,12 @@ import torch
 
 import latent_moe_fusion as lmf
 from latent_moe_fusion.fusion_pass import FusionConfig
-from latent_moe_fusion.ops.route_and_produce import SHARED_FIRST_ENV, shared_first_wanted
+from latent_moe_fusion.ops.route_and_produce import (
+    SHARED_FIRST_ENV,
+    SHARED_FIRST_URGENT_CHOICES,
+    SHARED_FIRST_URGENT_ENV,
+    shared_first_wanted,
+)
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import GRID_SHARED_ENV, SHARED_ENV
 from tests.graph_replay import replay_without_host_sync
 from tests.op_inputs import shared_gate_up
@@ -64,9 +69,22 @@ def test_outputs_are_those_of_the_two_ops(model, monkeypatch, rng_seed, m, share
     assert _rel(out, model(x)) < 1.5e-2
 
 
+@pytest.mark.parametrize("urgent", SHARED_FIRST_URGENT_CHOICES)
 @pytest.mark.parametrize("m", [8, 64])
-def test_captured_shared_first_replays_match(model, monkeypatch, rng_seed, m):
+def test_urgent_branches_leave_the_outputs_bitwise(model, monkeypatch, rng_seed, m, urgent):
+    monkeypatch.setenv(SHARED_FIRST_URGENT_ENV, urgent)
+    x = torch.randn(m, model.cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    args = _args(model, x)
+    y_n, ws = OP(*args)
+    want_y_n, want_ws = _two_ops(args, monkeypatch, shared_by_cublas=True)
+    assert torch.equal(y_n, want_y_n) and torch.equal(ws, want_ws)
+
+
+@pytest.mark.parametrize("urgent", SHARED_FIRST_URGENT_CHOICES)
+@pytest.mark.parametrize("m", [8, 64])
+def test_captured_shared_first_replays_match(model, monkeypatch, rng_seed, m, urgent):
     monkeypatch.setenv(SHARED_FIRST_ENV, "")
+    monkeypatch.setenv(SHARED_FIRST_URGENT_ENV, urgent)
     static_x = torch.randn(m, model.cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
     args = _args(model, static_x)
     for _ in range(2):

@@ -14,10 +14,12 @@ tokens, so it can run beside the router and the down-projection instead, which r
 rate with SM slots to spare. The shared-first schedule (CUDA, MXFP4 routed weights, the Triton producer):
 
     side stream 1:  shared expert (cuBLAS GEMMs, the producer's own from 5 tokens on) -> fragments
-    caller stream:  router GEMM -> lmf::noaux_tc_route -> expert grouping -> routed L1, L2, combine + RMSNorm
+    router stream:  router GEMM -> lmf::noaux_tc_route -> expert grouping -> routed L1, L2, combine + RMSNorm
     side stream 2:  latent down-projection z                           (the routed L1 waits for it)
 
-(launched in the order shared_first_order gives: the shared expert last up to 8 tokens, first beyond.)
+launched in the order shared_first_order gives (the router chain first up to 32 tokens, the shared expert
+first beyond). The router stream is the caller's, or up to 8 tokens an urgent (high-priority) stream, with
+the down-projection's stream urgent too (shared_first_urgent), so the shared expert's GEMMs yield SM slots.
 
 Every kernel is the one the two ops launch (same GEMMs, route, grouping and routed kernels), so outputs are
 bitwise those of the two ops wherever the producer runs its shared expert by cuBLAS (beside the register-dequant
@@ -52,13 +54,23 @@ SHARED_FIRST_MAX_TOKENS = 128
 # In which order the three branches of the shared-first schedule are launched (A/B switch): a permutation of
 # "shared", "router" (router GEMM, route, grouping) and "down" (the down-projection). Every side stream forks
 # before any of them, so the order only decides which kernels the GPU starts first: the cuBLAS GEMMs of each
-# take every SM, so they run largely in launch order. H200 block, alternating rounds (us, bench/results/
-# decode_tuning_shared_first_order.md): M = 8 shared first 163.4, router,down,shared 160.6; M = 32 256.7 /
-# 256.3 (router,shared,down 253.6); M = 128 375.7 / 386.1. Hence the shared expert's GEMMs are launched last
-# up to SHARED_LAST_MAX_TOKENS tokens, first beyond.
+# take every SM, so they run largely in launch order. H200 block, alternating rounds in one process
+# (bench/results/decode_tuning_shared_first_urgent.md has the final A/B; session 17's in
+# decode_tuning_shared_first_order.md): router first, then the shared expert, then the down-projection is
+# 2-6 us faster than the shared expert first at M = 16 and 32 in four runs, 3 and 8-9 us slower at M = 64
+# and 128. Hence the router chain first up to ROUTER_FIRST_MAX_TOKENS tokens, the shared expert first beyond.
 SHARED_FIRST_ORDER_ENV = "LMF_SHARED_FIRST_ORDER"
 SHARED_FIRST_BRANCHES = ("shared", "router", "down")
-SHARED_LAST_MAX_TOKENS = 8
+ROUTER_FIRST_MAX_TOKENS = 32
+# Which branches of the shared-first schedule go on urgent (high-priority) streams (ops/streams.py), so that
+# the block scheduler gives them SM slots before the shared expert's GEMMs: "none"; "route" (the router
+# chain and the down-projection, which the routed L1 waits for; the routed experts on the caller's stream);
+# "all" ("route" and the routed experts). A/B switch, read per call (each CUDA graph keeps what it captured).
+# H200 block (same files): "all" with the order above is 2-2.5 us faster than "none" at M = 8 in two runs;
+# from 16 tokens on the priorities tie (within 1 us) up to 64 and cost 6-9 us at 128.
+SHARED_FIRST_URGENT_ENV = "LMF_SHARED_FIRST_URGENT"
+SHARED_FIRST_URGENT_CHOICES = ("none", "route", "all")
+URGENT_MAX_TOKENS = 8
 
 
 def validate_route_and_produce(*args) -> tuple[int, int, int, int]:
@@ -86,12 +98,21 @@ def shared_first_order(num_tokens: int) -> tuple[str, ...]:
     """The launch order of the shared-first schedule's branches (SHARED_FIRST_ORDER_ENV, else by token count)."""
     value = os.environ.get(SHARED_FIRST_ORDER_ENV, "")
     if not value:
-        return ("router", "down", "shared") if num_tokens <= SHARED_LAST_MAX_TOKENS else ("shared", "router", "down")
+        return ("router", "shared", "down") if num_tokens <= ROUTER_FIRST_MAX_TOKENS else ("shared", "router", "down")
     order = tuple(v.strip() for v in value.split(","))
     if sorted(order) != sorted(SHARED_FIRST_BRANCHES):
         raise ValueError(f"{SHARED_FIRST_ORDER_ENV}={value!r}: expected the three branches "
                          f"{', '.join(SHARED_FIRST_BRANCHES)} in launch order, comma-separated, or unset")
     return order
+
+
+def shared_first_urgent(num_tokens: int) -> str:
+    """Which branches go on urgent streams (SHARED_FIRST_URGENT_ENV, else by token count)."""
+    value = os.environ.get(SHARED_FIRST_URGENT_ENV, "") or ("all" if num_tokens <= URGENT_MAX_TOKENS else "none")
+    if value not in SHARED_FIRST_URGENT_CHOICES:
+        raise ValueError(f"{SHARED_FIRST_URGENT_ENV}={value!r}: expected one of "
+                         f"{', '.join(SHARED_FIRST_URGENT_CHOICES)} or unset")
+    return value
 
 
 def _produce(z, ids, weights, produce_args: tuple):
@@ -140,9 +161,12 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
     ws = x_s.new_empty(fragment_shape(mode, x.shape[0], hidden, 1)) if world == 1 else None
     s_out = ws.view(m_s, hidden) if world == 1 else x_s.new_empty(m_s, hidden)
     main = torch.cuda.current_stream(x.device)
-    shared_stream, down_stream = side_stream(x.device, "shared_first"), side_stream(x.device, "down_projection")
-    shared_stream.wait_stream(main)
-    down_stream.wait_stream(main)  # both forks precede the router's launches: neither side waits on them
+    urgent = shared_first_urgent(x.shape[0])
+    shared_stream = side_stream(x.device, "shared_first")
+    down_stream = side_stream(x.device, "down_projection", urgent=urgent != "none")
+    router_stream = side_stream(x.device, "router", urgent=True) if urgent != "none" else main
+    for stream in {shared_stream, down_stream, router_stream} - {main}:
+        stream.wait_stream(main)  # every fork precedes the router's launches: no side waits on them
     routed: dict = {}
 
     def shared() -> None:
@@ -150,10 +174,11 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
             shared_by_library(x_s, w1_s, w3_s, w2_s, s_out, beta, lin_beta)
 
     def router() -> None:
-        routed["ids"], routed["weights"] = torch.ops.lmf.noaux_tc_route(
-            router_logits(x, gate_weight, router_gemm), correction_bias, top_k, renorm_eps, scaling_factor,
-            first_expert, num_local)
-        routed["grouping"] = planned_grouping(z, routed["ids"], w13, w2, weight_format)  # beside the down-projection
+        with torch.cuda.stream(router_stream):
+            routed["ids"], routed["weights"] = torch.ops.lmf.noaux_tc_route(
+                router_logits(x, gate_weight, router_gemm), correction_bias, top_k, renorm_eps, scaling_factor,
+                first_expert, num_local)
+            routed["grouping"] = planned_grouping(z, routed["ids"], w13, w2, weight_format)  # beside the down-proj
 
     def down() -> None:
         with torch.cuda.stream(down_stream):
@@ -163,10 +188,21 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
     for branch in shared_first_order(x.shape[0]):
         branches[branch]()
     ids, weights, grouping = routed["ids"], routed["weights"], routed["grouping"]
-    main.wait_stream(down_stream)
-    y_n = run_experts(z, ids, weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
-                      rms_weight=rms_weight, eps=eps, shared=None, grouping=grouping)
-    main.wait_stream(shared_stream)
+    experts_stream = router_stream if urgent == "all" else main
+    for stream in {down_stream, router_stream} - {experts_stream}:
+        experts_stream.wait_stream(stream)
+    with torch.cuda.stream(experts_stream):
+        y_n = run_experts(z, ids, weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
+                          rms_weight=rms_weight, eps=eps, shared=None, grouping=grouping)
+    for stream in {experts_stream, shared_stream} - {main}:
+        main.wait_stream(stream)
+    # Tensors made on the urgent stream and read or returned on the caller's: the allocator must not hand
+    # their memory to that stream's next allocation before the caller's stream is done with them.
+    if experts_stream is not main:
+        y_n.record_stream(main)
+    elif router_stream is not main:
+        for tensor in (ids, weights, *((grouping.sorted_pairs, grouping.block_expert) if grouping else ())):
+            tensor.record_stream(main)
     if world > 1:
         ws = publish_fragments(s_out, mode, group_name)
     return y_n, ws
