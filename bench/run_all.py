@@ -53,9 +53,15 @@ BENCHMARKS = (
                           "decode_tuning_shared_first_order"), None),  # its branches' launch order
     ("decode_tuning.py", ("--m", "8", "32", "64", "--knobs", "LMF_PDL", "--values", "LMF_PDL=none,routed", "--rounds",
                           "5", "--name", "decode_tuning_cute_tail_pdl"), None),  # the CuTe tail's dependent launch
+    # lmf::route_and_produce's urgent streams and launch order against session 17's defaults
+    ("decode_tuning.py", ("--m", "8", "16", "32", "64", "128", "--knobs", "LMF_SHARED_FIRST_URGENT",
+                          "LMF_SHARED_FIRST_ORDER", "--rounds", "5", "--name", "decode_tuning_shared_first_urgent",
+                          "--combo", "LMF_SHARED_FIRST_URGENT=none;LMF_SHARED_FIRST_ORDER=router,down,shared",
+                          "LMF_SHARED_FIRST_URGENT=none;LMF_SHARED_FIRST_ORDER=shared,router,down"), None),
     ("prefill_timing.py", (), None),  # prefill timed as single synchronised calls or back to back
     ("prefill_timing.py", ("--precompile", "1", "8", "32", "128", "--name", "prefill_timing_precompiled"), None),
     ("graph_timeline.py", (), None),  # kernels of one replayed decode forward: start, duration, idle before
+    ("capture_repeat.py", (), None),  # whether one CUDA-graph capture of the block runs like another
     ("shared_overlap_bound.py", (), None),  # what starting the shared expert before the router could save
     ("deepgemm_routed.py", ("--weight-format", "mxfp4"), "deep_gemm"),
     ("deepgemm_routed.py", ("--weight-format", "bf16"), "deep_gemm"),
