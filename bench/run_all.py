@@ -62,7 +62,8 @@ BENCHMARKS = (
     ("prefill_timing.py", ("--precompile", "1", "8", "32", "128", "--name", "prefill_timing_precompiled"), None),
     ("graph_timeline.py", (), None),  # kernels of one replayed decode forward: start, duration, idle before
     ("capture_repeat.py", (), None),  # whether one CUDA-graph capture of the block runs like another
-    ("shared_overlap_bound.py", (), None),  # what starting the shared expert before the router could save
+    ("shared_overlap_bound.py", (), None),
+    ("tail_prefetch_whatif.py", (), None),  # w_up streamed into L2 beside the routed kernels (a what-if)  # what starting the shared expert before the router could save
     ("deepgemm_routed.py", ("--weight-format", "mxfp4"), "deep_gemm"),
     ("deepgemm_routed.py", ("--weight-format", "bf16"), "deep_gemm"),
 )
