@@ -2,6 +2,8 @@
 
     results = run_gloo(worker_fn, world_size=2, args=(...))   # list indexed by rank
 
+`backend="nccl"` runs the same on R GPUs of one host instead (rank r on cuda:r; GPU tests only).
+
 `worker_fn(rank, world_size, *args)` runs inside an initialized default group (gloo, CPU) and
 returns something picklable. A worker that raises makes run_gloo raise with the traceback.
 
@@ -28,7 +30,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue, env: dict | None = None) -> None:
+def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue, env: dict | None = None,
+           backend: str = "gloo") -> None:
+    import torch
     import torch.distributed as dist
 
     if env is not None:  # a forkserver child starts with the forkserver's environment, not the parent's
@@ -39,7 +43,11 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, que
     try:
         import latent_moe_fusion  # noqa: F401
 
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+            dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=torch.device("cuda", rank))
+        else:
+            dist.init_process_group(backend, rank=rank, world_size=world_size)
         try:
             queue.put((rank, "ok", fn(rank, world_size, *args)))
         finally:
@@ -53,7 +61,8 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, que
 
 
 def run_gloo(
-    fn: Callable, world_size: int, args: tuple = (), timeout: float = 300.0, preload: tuple[str, ...] = ()
+    fn: Callable, world_size: int, args: tuple = (), timeout: float = 300.0, preload: tuple[str, ...] = (),
+    backend: str = "gloo",
 ) -> list[Any]:
     if preload:
         ctx = mp.get_context("forkserver")
@@ -65,7 +74,8 @@ def run_gloo(
     queue = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_entry, args=(r, world_size, port, fn, args, queue, env)) for r in range(world_size)
+        ctx.Process(target=_entry, args=(r, world_size, port, fn, args, queue, env, backend))
+        for r in range(world_size)
     ]
     for p in procs:
         p.start()
@@ -85,5 +95,5 @@ def run_gloo(
             if p.is_alive():
                 p.kill()
     if errors:
-        raise RuntimeError("gloo worker failed\n" + "\n".join(errors))
+        raise RuntimeError(f"{backend} worker failed\n" + "\n".join(errors))
     return [results[r] for r in range(world_size)]
