@@ -71,12 +71,6 @@ ROUTER_FIRST_MAX_TOKENS = 32
 SHARED_FIRST_URGENT_ENV = "LMF_SHARED_FIRST_URGENT"
 SHARED_FIRST_URGENT_CHOICES = ("none", "route", "all")
 URGENT_MAX_TOKENS = 8
-# Which kernel runs the shared-first schedule's down-projection (A/B switch, read per call): "cublas"
-# (torch.mm, as the two ops) or "cute" (the CuTe tail kernel on a zero fragment: one rounding of the FP32
-# accumulation like cuBLAS, in other summation order; 56 CTAs of 64 latent rows at L = 3584, leaving SMs to
-# the router chain and the shared expert beside it). "cute" needs the CuTe DSL on an sm_90 device.
-DOWN_PROJECTION_ENV = "LMF_DOWN_PROJECTION"
-DOWN_PROJECTION_CHOICES = ("cublas", "cute")
 
 
 def validate_route_and_produce(*args) -> tuple[int, int, int, int]:
@@ -119,27 +113,6 @@ def shared_first_urgent(num_tokens: int) -> str:
         raise ValueError(f"{SHARED_FIRST_URGENT_ENV}={value!r}: expected one of "
                          f"{', '.join(SHARED_FIRST_URGENT_CHOICES)} or unset")
     return value
-
-
-def down_projection_kernel() -> str:
-    value = os.environ.get(DOWN_PROJECTION_ENV, "") or "cublas"
-    if value not in DOWN_PROJECTION_CHOICES:
-        raise ValueError(f"{DOWN_PROJECTION_ENV}={value!r}: expected one of {', '.join(DOWN_PROJECTION_CHOICES)} "
-                         "or unset")
-    return value
-
-
-_ZERO_FRAGMENTS: dict[tuple, torch.Tensor] = {}
-
-
-def _down_by_cute(x: torch.Tensor, w_down: torch.Tensor, z: torch.Tensor) -> None:
-    """z = x @ w_down^T by the CuTe tail kernel with one zero fragment (kept per shape and device)."""
-    from .cute.tail_runtime import tail_cute_fused
-
-    key = (x.device, x.shape[0], w_down.shape[0])
-    if key not in _ZERO_FRAGMENTS:
-        _ZERO_FRAGMENTS[key] = torch.zeros(1, x.shape[0], w_down.shape[0], dtype=torch.float32, device=x.device)
-    tail_cute_fused(x, w_down, _ZERO_FRAGMENTS[key], out=z, pdl=False)
 
 
 def _produce(z, ids, weights, produce_args: tuple):
@@ -207,14 +180,9 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
                 first_expert, num_local)
             routed["grouping"] = planned_grouping(z, routed["ids"], w13, w2, weight_format)  # beside the down-proj
 
-    down_by_cute = down_projection_kernel() == "cute"
-
     def down() -> None:
         with torch.cuda.stream(down_stream):
-            if down_by_cute:
-                _down_by_cute(x, w_down, z)
-            else:
-                torch.mm(x, w_down.t(), out=z)
+            torch.mm(x, w_down.t(), out=z)
 
     branches = {"shared": shared, "router": router, "down": down}
     for branch in shared_first_order(x.shape[0]):
