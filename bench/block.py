@@ -114,6 +114,11 @@ def kimi_rank_block(router_gemm: str) -> lmf.KimiK3MoEBlock:
                               ep_size=8, ep_rank=0, router_gemm=router_gemm)
 
 
+def decode_inputs(block: lmf.KimiK3MoEBlock, m: int, sets: int = 4) -> list[torch.Tensor]:
+    """`sets` fresh token batches [m, H] on the GPU, rotated through by the decode timings (cold L2 between calls)."""
+    return [torch.randn(m, block.cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+
+
 def compiled_rank_block(router_gemm: str = "bf16"):
     """The decode benchmarks' common start: seeded, compiled afresh, one Kimi K3 rank block and its
     compiled forwards without and with the pass. Returns (block, compiled, compiled + fused, the pass)."""

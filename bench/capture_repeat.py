@@ -13,11 +13,9 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.block import compiled_rank_block  # noqa: E402
+from bench.block import compiled_rank_block, decode_inputs  # noqa: E402
 from bench.common import capture_graph, environment, replay_ms, write_results  # noqa: E402
 
 
@@ -36,7 +34,7 @@ def main() -> None:
     block, base, fused, _ = compiled_rank_block()
     rows = []
     for m in args.m:
-        xs = [torch.randn(m, block.cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+        xs = decode_inputs(block, m)
         for variant, fn in (("compiled + fused", fused), ("compiled", base)):
             for num_sets in (1, 4):
                 times = [_capture_us(lambda i, fn=fn: fn(xs[i]), num_sets, args.replays) for _ in range(args.captures)]

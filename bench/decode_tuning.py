@@ -21,11 +21,9 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.block import compiled_rank_block  # noqa: E402
+from bench.block import compiled_rank_block, decode_inputs  # noqa: E402
 from bench.common import env_applied, environment, rel_l2, time_graph_ms, write_results  # noqa: E402
 from latent_moe_fusion.ops.gluon_kernels import LOAD_ORDER_ENV, RING_ENV  # noqa: E402
 from latent_moe_fusion.ops.pdl import PDL_ENV  # noqa: E402
@@ -107,7 +105,7 @@ def main() -> None:
     block, base, fused, fpass = compiled_rank_block()
     rows = []
     for m in args.m:
-        xs = [torch.randn(m, block.cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+        xs = decode_inputs(block, m)
         ref = fused(xs[0]).clone()
         knobs = {k: vals for k, vals in KNOBS.items()
                  if m <= ACTIVE_UP_TO.get(k, m) and (not args.knobs or k in args.knobs)}

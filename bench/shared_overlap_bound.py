@@ -18,11 +18,9 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.block import compiled_rank_block  # noqa: E402
+from bench.block import compiled_rank_block, decode_inputs  # noqa: E402
 from bench.common import environment, time_graph_ms, write_results  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels import producer  # noqa: E402
 
@@ -52,7 +50,7 @@ def main() -> None:
     block, base, fused, fpass = compiled_rank_block()
     rows = []
     for m in args.m:
-        xs = [torch.randn(m, block.cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+        xs = decode_inputs(block, m)
         variants = {"compiled": (base, contextlib.nullcontext), "compiled+fused": (fused, contextlib.nullcontext),
                     "compiled+fused, shared expert left out": (fused, shared_expert_left_out)}
         samples: dict[str, list[float]] = {name: [] for name in variants}

@@ -24,7 +24,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.block import compiled_rank_block  # noqa: E402
+from bench.block import compiled_rank_block, decode_inputs  # noqa: E402
 from bench.common import environment, time_graph_ms, write_results  # noqa: E402
 from latent_moe_fusion.ops.streams import side_stream  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels import expert_schedule  # noqa: E402
@@ -103,7 +103,7 @@ def main() -> None:
 
     rows = []
     for m in args.m:
-        xs = [torch.randn(m, block.cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+        xs = decode_inputs(block, m)
         want = fused(xs[0]).clone()
         bitwise = {}
         for name, spec in variants.items():
