@@ -37,6 +37,7 @@ import os
 import torch
 
 from .backends import Backend, register_backend, select_backend
+from .env import env_choice, env_switch
 from .layouts import fragment_shape, group_size, publish_fragments
 from .library import _define, _run_routed_backend, _validate_producer
 from .reference import ANY_DEVICE
@@ -88,10 +89,8 @@ def validate_route_and_produce(*args) -> tuple[int, int, int, int]:
 
 
 def shared_first_wanted(num_tokens: int) -> bool:
-    forced = os.environ.get(SHARED_FIRST_ENV, "")
-    if forced not in ("", "0", "1"):
-        raise ValueError(f"{SHARED_FIRST_ENV}={forced!r}: expected 1 (shared expert first), 0 (never) or unset")
-    return forced == "1" if forced else SHARED_FIRST_MIN_TOKENS <= num_tokens <= SHARED_FIRST_MAX_TOKENS
+    forced = env_switch(SHARED_FIRST_ENV, "shared expert first", "never")
+    return forced if forced is not None else SHARED_FIRST_MIN_TOKENS <= num_tokens <= SHARED_FIRST_MAX_TOKENS
 
 
 def shared_first_order(num_tokens: int) -> tuple[str, ...]:
@@ -108,11 +107,8 @@ def shared_first_order(num_tokens: int) -> tuple[str, ...]:
 
 def shared_first_urgent(num_tokens: int) -> str:
     """Which branches go on urgent streams (SHARED_FIRST_URGENT_ENV, else by token count)."""
-    value = os.environ.get(SHARED_FIRST_URGENT_ENV, "") or ("all" if num_tokens <= URGENT_MAX_TOKENS else "none")
-    if value not in SHARED_FIRST_URGENT_CHOICES:
-        raise ValueError(f"{SHARED_FIRST_URGENT_ENV}={value!r}: expected one of "
-                         f"{', '.join(SHARED_FIRST_URGENT_CHOICES)} or unset")
-    return value
+    forced = env_choice(SHARED_FIRST_URGENT_ENV, SHARED_FIRST_URGENT_CHOICES, "the branches on urgent streams")
+    return forced or ("all" if num_tokens <= URGENT_MAX_TOKENS else "none")
 
 
 def _produce(z, ids, weights, produce_args: tuple):

@@ -20,11 +20,10 @@ graph: bench/results/router_overlap.md).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .backends import Backend, register_backend, select_backend
+from .env import env_choice, env_switch
 from .library import _define
 from .reference import ANY_DEVICE
 from .routing import route_reference, router_logits, validate_route_scalars
@@ -84,18 +83,12 @@ def route_and_project_reference(x, gate_weight, correction_bias, w_down, router_
 
 
 def overlap_wanted(num_tokens: int) -> bool:
-    forced = os.environ.get(OVERLAP_ENV, "")
-    if forced not in ("", "0", "1"):
-        raise ValueError(f"{OVERLAP_ENV}={forced!r}: expected 1 (side by side), 0 (one stream) or unset")
-    return forced == "1" if forced else num_tokens <= OVERLAP_MAX_TOKENS
+    forced = env_switch(OVERLAP_ENV, "side by side", "one stream")
+    return forced if forced is not None else num_tokens <= OVERLAP_MAX_TOKENS
 
 
 def overlap_order() -> str:
-    order = os.environ.get(OVERLAP_ORDER_ENV, "") or "router"
-    if order not in OVERLAP_ORDERS:
-        raise ValueError(f"{OVERLAP_ORDER_ENV}={order!r}: expected one of {', '.join(OVERLAP_ORDERS)} (the branch "
-                         "launched first) or unset (router)")
-    return order
+    return env_choice(OVERLAP_ORDER_ENV, OVERLAP_ORDERS, "the branch launched first; unset: router") or "router"
 
 
 def route_and_project_cuda(x, gate_weight, correction_bias, w_down, router_gemm, top_k, renorm_eps,

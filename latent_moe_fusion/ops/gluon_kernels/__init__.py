@@ -13,6 +13,7 @@ import os
 import torch
 
 from ..device import capability
+from ..env import env_choice
 from ..mxfp4 import BLOCK as MXFP4_BLOCK
 
 ENV_SWITCH = "LMF_MXFP4_REGS"  # read by producer_config.regs_enabled too (the picked config)
@@ -145,10 +146,7 @@ def weight_rings(num_pairs: int) -> tuple[str, str]:
 
 def load_order() -> str:
     """The TMA ring's load order (LOAD_ORDERS): LOAD_ORDER_ENV, "auto" when unset."""
-    order = os.environ.get(LOAD_ORDER_ENV, "") or "auto"
-    if order not in LOAD_ORDERS:
-        raise ValueError(f"{LOAD_ORDER_ENV}={order!r}: expected one of {', '.join(LOAD_ORDERS)}")
-    return order
+    return env_choice(LOAD_ORDER_ENV, LOAD_ORDERS) or "auto"
 
 
 def ring_for(ring: str, k_steps: int, split: int) -> str:

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from dataclasses import dataclass, replace
 
 import torch
 import triton
 
+from ..env import env_choice, env_switch
 from ..gluon_kernels import launch_routed_l1, launch_routed_l2, regs_path_reason, split_reason
 from ..pdl import use_pdl
 from ..streams import side_stream
@@ -133,10 +133,7 @@ GRID_SHARED_MAX_TOKENS = 256  # prefill beyond: cuBLAS (measured at 4096); decod
 
 def _forced(env: str, choices: tuple[str, ...]) -> str | None:
     """The placement an environment variable forces (None when unset); an unknown one raises."""
-    forced = os.environ.get(env)
-    if forced and forced not in choices:
-        raise ValueError(f"{env}={forced!r}: expected one of {', '.join(choices)}")
-    return forced or None
+    return env_choice(env, choices, "where the shared expert runs")
 
 
 def shared_strategy(m_s: int) -> str:
@@ -267,10 +264,8 @@ def run_experts(
     # at M = 8 on the routed chain, the critical one there (H200 block, group first: 111.0 / 148.7 /
     # 202.9 us against 113.7 / 153.2 / 205.6 at M = 2 / 4 / 8; decode_tuning_group_first.md). A single
     # token's shared chain is the critical one: its grouping goes after the side stream's fork.
-    forced = os.environ.get(GROUP_FIRST_ENV, "")
-    if forced not in ("", "0", "1"):
-        raise ValueError(f"{GROUP_FIRST_ENV}={forced!r}: expected 1 (group first), 0 (after the fork) or unset")
-    group_first = not regs or (forced == "1" if forced else topk_ids.shape[0] > GROUP_AFTER_FORK_MAX_TOKENS)
+    forced = env_switch(GROUP_FIRST_ENV, "group first", "after the fork")
+    group_first = not regs or (forced if forced is not None else topk_ids.shape[0] > GROUP_AFTER_FORK_MAX_TOKENS)
     if grouping is not None and (grouping.block_m != bm or grouping.nb_max != nb_max):
         raise ValueError(f"grouping: planned for {grouping.block_m}-row blocks ({grouping.nb_max} at most), but this "
                          f"call groups by {bm} ({nb_max}); plan it with planned_grouping on the same arguments")

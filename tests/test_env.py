@@ -1,0 +1,31 @@
+"""ops/env.py: the per-call environment switches accept their words, treat empty as unset, and refuse
+anything else naming the variable and what it accepts."""
+
+import pytest
+
+from latent_moe_fusion.ops.env import env_choice, env_switch
+
+NAME = "LMF_TEST_KNOB"
+
+
+def test_choice(monkeypatch):
+    monkeypatch.delenv(NAME, raising=False)
+    assert env_choice(NAME, ("a", "b")) is None
+    monkeypatch.setenv(NAME, "")
+    assert env_choice(NAME, ("a", "b")) is None
+    monkeypatch.setenv(NAME, "b")
+    assert env_choice(NAME, ("a", "b")) == "b"
+    monkeypatch.setenv(NAME, "c")
+    with pytest.raises(ValueError, match=r"LMF_TEST_KNOB='c': expected one of a, b \(which one\) or unset"):
+        env_choice(NAME, ("a", "b"), "which one")
+
+
+def test_switch(monkeypatch):
+    monkeypatch.delenv(NAME, raising=False)
+    assert env_switch(NAME, "on", "off") is None
+    for value, want in (("1", True), ("0", False), ("", None)):
+        monkeypatch.setenv(NAME, value)
+        assert env_switch(NAME, "on", "off") is want
+    monkeypatch.setenv(NAME, "yes")
+    with pytest.raises(ValueError, match=r"LMF_TEST_KNOB='yes': expected 1 \(run it\), 0 \(skip it\) or unset"):
+        env_switch(NAME, "run it", "skip it")
