@@ -264,9 +264,8 @@ class TailKernelSm90:
     @cute.jit
     def _load_stage(self, ring, state, tma_a, t_ga, t_sa, tma_b, t_gb, t_sb):
         ring.producer_acquire(state)
-        barrier = ring.producer_get_barrier(state)
-        cute.copy(tma_a, t_ga[(None, state.count)], t_sa[(None, state.index)], tma_bar_ptr=barrier)
-        cute.copy(tma_b, t_gb[(None, state.count)], t_sb[(None, state.index)], tma_bar_ptr=barrier)
+        self._copy(ring, state, tma_a, t_ga, t_sa)
+        self._copy(ring, state, tma_b, t_gb, t_sb)
         ring.producer_commit(state)
 
     @cute.jit
