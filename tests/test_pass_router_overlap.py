@@ -176,5 +176,23 @@ def test_dynamic_batch_keeps_the_op_and_routes_every_size(rng_seed):
             out = fn(x)
             assert rel_l2(out, model(x)) < 1e-5, m
     assert fpass.report.routings and fpass.report.routings[0].beside is not None, fpass.report.summary()
-    # here the weights reach the producer through a multiply (the scaling), so the producer stays out of the op
+    # dynamic=True also makes the routed scaling factor a symbolic float, a graph input: the weights reach the
+    # producer through a multiply by it, so the producer stays out of the op (a marked batch dimension, below,
+    # keeps the float and takes it)
     assert fpass.report.ops_after[ROUTE_AND_PROJECT] + fpass.report.ops_after[ROUTE_AND_PRODUCE] == 1
+
+
+def test_marked_dynamic_batch_takes_the_producer(rng_seed):
+    """A symbolic M the way serving engines compile (the batch dimension marked dynamic, floats kept): the
+    producer goes into lmf::route_and_produce, which decides per call, and every size matches eager."""
+    model = block(seed=rng_seed % 1000, dtype=torch.float32, ep_size=2, ep_rank=0)
+    fpass = lmf.LatentMoEFusionPass()
+    torch._dynamo.reset()
+    with torch._inductor.config.patch({"fx_graph_cache": False, "compile_threads": 1}):
+        fn = torch.compile(model, options={"post_grad_custom_pre_pass": fpass})
+        for m in (3, 70, 200):
+            x = _x(m, torch.float32)
+            torch._dynamo.mark_dynamic(x, 0)
+            assert rel_l2(fn(x), model(x)) < 1e-5, m
+    assert len(fpass.report.routings) == 1 and fpass.report.routings[0].with_producer, fpass.report.summary()
+    assert fpass.report.ops_after[ROUTE_AND_PRODUCE] == 1 and fpass.report.ops_after[ROUTE_AND_PROJECT] == 0
