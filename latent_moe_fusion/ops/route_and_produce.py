@@ -67,8 +67,8 @@ ROUTER_FIRST_MAX_TOKENS = 32
 # the block scheduler gives them SM slots before the shared expert's GEMMs: "none"; "route" (the router
 # chain and the down-projection, which the routed L1 waits for; the routed experts on the caller's stream);
 # "all" ("route" and the routed experts). A/B switch, read per call (each CUDA graph keeps what it captured).
-# H200 block (same files): "all" with the order above is 2-2.5 us faster than "none" at M = 8 in two runs;
-# from 16 tokens on the priorities tie (within 1 us) up to 64 and cost 6-9 us at 128.
+# H200 block (same files): "all" with the order above is 3.1 / 3.3 us faster than "none" at M = 8 in two runs;
+# beyond 8 tokens urgency costs 3-4.5 us at M = 16, is within 1.2 us at 32 and 64 and costs 6-9 us at 128.
 SHARED_FIRST_URGENT_ENV = "LMF_SHARED_FIRST_URGENT"
 SHARED_FIRST_URGENT_CHOICES = ("none", "route", "all")
 URGENT_MAX_TOKENS = 8
