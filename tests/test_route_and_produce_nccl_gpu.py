@@ -62,7 +62,7 @@ def _nccl_worker(rank: int, world: int, seed: int) -> dict:
     }
 
 
-@pytest.mark.parametrize("world", [2])
+@pytest.mark.parametrize("world", [2, 4])
 def test_shared_first_with_fragments_published_across_gpus(world, rng_seed):
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs, this machine has {torch.cuda.device_count()}")
