@@ -83,13 +83,18 @@ def _event_ms(fn: Callable[[], Any]) -> float:
     return start.elapsed_time(end)
 
 
+def upper_median(values: Sequence[float]) -> float:
+    """The middle value of the sorted samples (the upper of the two middle ones for an even count): always a
+    measured sample, never an average of two."""
+    return sorted(values)[len(values) // 2]
+
+
 def time_ms(fn: Callable[[], Any], warmup: int = 10, iters: int = 50) -> float:
     """Median milliseconds of fn() with CUDA events around each call (warm, not graph-captured)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = sorted(_event_ms(fn) for _ in range(iters))
-    return times[len(times) // 2]
+    return upper_median([_event_ms(fn) for _ in range(iters)])
 
 
 def time_interleaved_ms(fns: dict[str, Callable[[], Any]], rounds: int = 5, iters: int = 4) -> dict[str, float]:
@@ -103,7 +108,7 @@ def time_interleaved_ms(fns: dict[str, Callable[[], Any]], rounds: int = 5, iter
     for _ in range(rounds):
         for name, fn in fns.items():
             samples[name] += [_event_ms(fn) for _ in range(iters)]
-    return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
+    return {name: upper_median(v) for name, v in samples.items()}
 
 
 def time_back_to_back_interleaved_ms(fns: dict[str, Callable[[], Any]], rounds: int = 5,
@@ -126,7 +131,7 @@ def time_back_to_back_interleaved_ms(fns: dict[str, Callable[[], Any]], rounds: 
             end.record()
             end.synchronize()
             samples[name].append(start.elapsed_time(end) / iters)
-    return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
+    return {name: upper_median(v) for name, v in samples.items()}
 
 
 def host_us(fn: Callable[[], Any], calls: int = 60) -> tuple[float, float]:
@@ -151,8 +156,7 @@ def time_graph_ms(step: Callable[[int], Any], num_sets: int, replays: int = 20, 
     the figure is the graph's replay time divided by num_sets.
     """
     graph = capture_graph(step, num_sets, warmup)
-    times = sorted(replay_ms(graph) / num_sets for _ in range(replays))
-    return times[len(times) // 2]
+    return upper_median([replay_ms(graph) / num_sets for _ in range(replays)])
 
 
 def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
@@ -194,7 +198,7 @@ def time_graphs_interleaved_ms(steps: dict[str, Callable[[int], Any]], num_sets:
     for _ in range(rounds):
         for name, graph in graphs.items():
             samples[name] += [replay_ms(graph) / num_sets for _ in range(replays)]
-    return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
+    return {name: upper_median(v) for name, v in samples.items()}
 
 
 @contextlib.contextmanager
