@@ -45,6 +45,8 @@ BENCHMARKS = (
     ("router_gemm.py", (), None),  # the router GEMM at decode against its byte floor
     ("route.py", (), None),  # the router chain after its GEMM: unfused vs lmf::noaux_tc_route
     ("router_overlap.py", (), None),  # router GEMM + route beside the down-projection (lmf::route_and_project)
+    ("down_projection.py", ("--configs", "swap_tma:16x32x256/w4/st6/s1", "swap:16x128x128/w4/st4/s4",
+                            "swap_tma:32x64x256/w4/st4/s2", "swap_tma:64x64x128/w4/st6/s2"), None),  # alone vs cuBLAS
     ("prefill_tiles.py", (), None),  # prefill routed GEMM tile candidates and the spread token grouping
     ("decode_tuning.py", (), None),  # decode knobs (PDL sites, prefetch, shared-expert programs, ...) on the block
     ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "128", "--knobs", "LMF_SHARED_FIRST", "--rounds",
@@ -58,12 +60,17 @@ BENCHMARKS = (
                           "LMF_SHARED_FIRST_ORDER", "--rounds", "5", "--name", "decode_tuning_shared_first_urgent",
                           "--combo", "LMF_SHARED_FIRST_URGENT=none;LMF_SHARED_FIRST_ORDER=router,down,shared",
                           "LMF_SHARED_FIRST_URGENT=none;LMF_SHARED_FIRST_ORDER=shared,router,down"), None),
+    # the down-projection's kernel in the block: cuBLAS, the Triton table, and single configs over several buckets
+    ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "--knobs", "LMF_DOWN_PROJECTION", "--rounds", "7",
+                          "--name", "decode_tuning_down_triton", "--values",
+                          "LMF_DOWN_PROJECTION=cublas,triton,swap_tma:16x32x256/w4/st6/s1,swap:16x64x128/w4/st6/s2,"
+                          "swap_tma:32x32x256/w4/st6/s1"), None),
     ("prefill_timing.py", (), None),  # prefill timed as single synchronised calls or back to back
     ("prefill_timing.py", ("--precompile", "1", "8", "32", "128", "--name", "prefill_timing_precompiled"), None),
     ("graph_timeline.py", (), None),  # kernels of one replayed decode forward: start, duration, idle before
     ("capture_repeat.py", (), None),  # whether one CUDA-graph capture of the block runs like another
-    ("shared_overlap_bound.py", (), None),
-    ("tail_prefetch_whatif.py", (), None),  # w_up streamed into L2 beside the routed kernels (a what-if)  # what starting the shared expert before the router could save
+    ("shared_overlap_bound.py", (), None),  # what starting the shared expert before the router could save
+    ("tail_prefetch_whatif.py", (), None),  # w_up streamed into L2 beside the routed kernels (a what-if)
     ("deepgemm_routed.py", ("--weight-format", "mxfp4"), "deep_gemm"),
     ("deepgemm_routed.py", ("--weight-format", "bf16"), "deep_gemm"),
 )

@@ -37,6 +37,7 @@ import os
 import torch
 
 from .backends import Backend, register_backend, select_backend
+from .down_projection import project_down
 from .env import env_choice, env_switch
 from .layouts import fragment_shape, group_size, publish_fragments
 from .library import _define, _run_routed_backend, _validate_producer
@@ -178,7 +179,7 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
 
     def down() -> None:
         with torch.cuda.stream(down_stream):
-            torch.mm(x, w_down.t(), out=z)
+            project_down(x, w_down, z)
 
     branches = {"shared": shared, "router": router, "down": down}
     for branch in shared_first_order(x.shape[0]):

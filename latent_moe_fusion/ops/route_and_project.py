@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from .backends import Backend, register_backend, select_backend
+from .down_projection import project_down
 from .env import env_choice, env_switch
 from .library import _define
 from .reference import ANY_DEVICE
@@ -97,7 +98,7 @@ def route_and_project_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
     route_args = (correction_bias, top_k, renorm_eps, scaling_factor, first_expert, num_local)
     if not overlap_wanted(x.shape[0]):
         ids, weights = torch.ops.lmf.noaux_tc_route(router_logits(x, gate_weight, router_gemm), *route_args)
-        return ids, weights, torch.mm(x, w_down.t())
+        return ids, weights, project_down(x, w_down, x.new_empty(x.shape[0], w_down.shape[0]))
     main = torch.cuda.current_stream(x.device)
     side = side_stream(x.device, "down_projection")
     # z is allocated on the caller's stream and the side stream joins before the return: no tensor used
@@ -107,7 +108,7 @@ def route_and_project_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
 
     def launch_down_projection() -> None:
         with torch.cuda.stream(side):
-            torch.mm(x, w_down.t(), out=z)
+            project_down(x, w_down, z)
 
     down_first = overlap_order() == "down"
     if down_first:

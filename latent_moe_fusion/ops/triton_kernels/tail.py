@@ -57,17 +57,23 @@ def _num_sms(device: torch.device) -> int:
     return _NUM_SMS[device]
 
 
-def _counters(device: torch.device, tiles: int) -> torch.Tensor:
-    if tiles > _COUNTER_SLOTS:
-        raise ValueError(f"split-K tail with {tiles} N tiles exceeds {_COUNTER_SLOTS} counters; use a larger block_n")
+# Split-K arrival counters are shared by every launch on a device, so two split-K launches must never run at
+# once on the same slots: each user that can run beside the tail (the down-projection, on a side stream)
+# takes its own half.
+COUNTER_USERS = ("tail", "down_projection")
+
+
+def _counters(device: torch.device, tiles: int, user: str = "tail") -> torch.Tensor:
+    slots = _COUNTER_SLOTS // len(COUNTER_USERS)
+    if tiles > slots:
+        raise ValueError(f"split-K tail with {tiles} N tiles exceeds {slots} counters; use a larger block_n")
     cached = _COUNTERS.get(device)
-    if cached is not None:
-        return cached
-    counters = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return counters  # graph-private memory: do not cache it for eager use
-    _COUNTERS[device] = counters
-    return counters
+    if cached is None:
+        cached = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _COUNTERS[device] = cached  # graph-private memory is not cached for eager use
+    start = COUNTER_USERS.index(user) * slots
+    return cached[start:start + slots]
 
 
 def _dot_mode(dtype: torch.dtype) -> tuple[bool, str]:
@@ -134,8 +140,13 @@ def tail_fused(
     frags: torch.Tensor,
     out: torch.Tensor | None = None,
     config: TailConfig | None = None,
+    pdl: bool | None = None,
+    counter_user: str = "tail",
 ) -> torch.Tensor:
-    """out [M, N] = round(((a @ w^T) + frags[0]) + ... + frags[R-1]); a [M, K], w [N, K], frags [R, M, N]."""
+    """out [M, N] = round(((a @ w^T) + frags[0]) + ... + frags[R-1]); a [M, K], w [N, K], frags [R, M, N].
+
+    R may be 0 (a plain matmul, e.g. the down-projection). pdl: launch as a programmatic dependent (None: the
+    `tail` site of LMF_PDL decides). counter_user: whose split-K counters (one of COUNTER_USERS) it uses."""
     m, k = a.shape
     n = w.shape[0]
     r = frags.shape[0]
@@ -146,7 +157,7 @@ def tail_fused(
     if config is None:
         config = pick_config(m, n, k, a.dtype == torch.float32, _num_sms(a.device))
     if config.kernel == "gemv":  # no dot operands or strides to prepare: launch_gemv takes the tensors
-        return launch_gemv(a, w, frags, out, config, pdl=use_pdl("tail", a.device))
+        return launch_gemv(a, w, frags, out, config, pdl=use_pdl("tail", a.device) if pdl is None else pdl)
     dot_fp32, precision = _dot_mode(a.dtype)
     frag_strides = frags.stride()
     out_strides = out.stride()
@@ -158,10 +169,11 @@ def tail_fused(
         tiles = _cdiv(n, config.block_n)
         if split > 1:
             part = torch.empty((split, m, n), dtype=torch.float32, device=a.device)
-            counters = _counters(a.device, tiles)
+            counters = _counters(a.device, tiles, counter_user)
         else:
             part, counters = out, out  # unused by the SPLIT_K == 1 specialisation
-        pdl = use_pdl("tail", a.device)
+        if pdl is None:
+            pdl = use_pdl("tail", a.device)
         meta = dict(
             R=r, BLOCK_N=config.block_n, BLOCK_M=config.block_m, BLOCK_K=config.block_k, SPLIT_K=split,
             FRAG_GROUP=_frag_group(config, r), DOT_FP32=dot_fp32, PRECISION=precision,

@@ -1,0 +1,86 @@
+"""The latent down-projection z = x @ w_down^T (x [M, H], w_down [L, H]) inside lmf::route_and_project and
+lmf::route_and_produce: cuBLAS (torch.mm) or, at decode sizes on CUDA, the tail's Triton swap-AB kernel
+with no fragments (triton_kernels/tail.py, R = 0).
+
+Why a second kernel: beside the router chain and the shared expert, cuBLAS's split-K GEMM takes every SM
+and then a reduce kernel; the swap-AB kernel streams w_down with 112 CTAs at L = 3584 and sums its K slices
+in its own last CTA. Both accumulate in FP32 and round once to x's dtype, in different summation orders,
+so the two agree to bf16 rounding but not bitwise.
+
+LMF_DOWN_PROJECTION (read per call): "cublas", "triton" (the table below, cuBLAS beyond it) or one
+TailConfig label of a swap kernel, e.g. "swap_tma:16x32x256/w4/st6/s1" (served up to its block_m tokens,
+cuBLAS beyond). Unset: DEFAULT_BACKEND. The Triton kernel serves bf16 on Hopper only (cuBLAS elsewhere).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import torch
+
+from .device import capability
+from .triton_kernels.tail_configs import TailConfig
+
+DOWN_PROJECTION_ENV = "LMF_DOWN_PROJECTION"
+DEFAULT_BACKEND = "triton"
+
+# (largest M, config); H200, H = 7168, L = 3584. Alone over L2-cold weights (down_projection.md) every entry
+# is 1.05-1.13x faster than cuBLAS; in the block (decode_tuning_down_triton*.md) the 112-CTA split-free
+# kernel wins at 5-16 tokens, where the two-slice one lost 1.2-1.5 us at M = 16, and loses 2-3 us at 1-2.
+TRITON_TABLE: tuple[tuple[int, TailConfig], ...] = (
+    (4, TailConfig("swap", 16, 64, 128, num_warps=4, num_stages=6, split_k=2)),
+    (16, TailConfig("swap_tma", 16, 32, 256, num_warps=4, num_stages=6, split_k=1)),
+    (32, TailConfig("swap_tma", 32, 32, 256, num_warps=4, num_stages=6, split_k=1)),
+    (64, TailConfig("swap_tma", 64, 64, 128, num_warps=4, num_stages=6, split_k=2)),
+)
+_LABEL = re.compile(r"(swap|swap_tma):(\d+)x(\d+)x(\d+)/w(\d+)/st(\d+)/s(\d+)")
+
+
+def parse_swap_label(label: str) -> TailConfig:
+    """The swap-kernel TailConfig a label (TailConfig.label()) names."""
+    match = _LABEL.fullmatch(label)
+    if match is None:
+        raise ValueError(f"{DOWN_PROJECTION_ENV}={label!r}: expected cublas, triton or a swap kernel label such as "
+                         "swap_tma:16x32x256/w4/st6/s1 (KERNEL:BLOCK_MxBLOCK_NxBLOCK_K/wWARPS/stSTAGES/sSPLIT_K)")
+    kernel = match.group(1)
+    bm, bn, bk, warps, stages, split = (int(g) for g in match.groups()[1:])
+    for name, value in (("block_m", bm), ("block_n", bn), ("block_k", bk), ("warps", warps), ("split_k", split)):
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"{DOWN_PROJECTION_ENV}={label!r}: {name} = {value} is not a power of two")
+    if bm < 16 or bn < 16 or bk < 16 or not 1 <= stages <= 8:
+        raise ValueError(f"{DOWN_PROJECTION_ENV}={label!r}: block sizes must be >= 16 and stages 1 .. 8")
+    return TailConfig(kernel, bm, bn, bk, num_warps=warps, num_stages=stages, split_k=split)
+
+
+def triton_config(num_tokens: int) -> TailConfig | None:
+    """The swap-kernel config that serves `num_tokens` under LMF_DOWN_PROJECTION, None for cuBLAS."""
+    value = os.environ.get(DOWN_PROJECTION_ENV, "") or DEFAULT_BACKEND
+    if value == "cublas":
+        return None
+    if value == "triton":
+        return next((cfg for bound, cfg in TRITON_TABLE if num_tokens <= bound), None)
+    cfg = parse_swap_label(value)
+    return cfg if num_tokens <= cfg.block_m else None
+
+
+def _measured_for(x: torch.Tensor) -> bool:
+    return x.is_cuda and x.dtype == torch.bfloat16 and capability(x.device.index)[0] == 9
+
+
+def project_down_triton(x: torch.Tensor, w_down: torch.Tensor, out: torch.Tensor, config: TailConfig) -> torch.Tensor:
+    """out = round(x @ w_down^T) by the tail's swap-AB kernel with no fragments (also under TRITON_INTERPRET)."""
+    from .triton_kernels.tail import tail_fused
+
+    no_fragments = x.new_empty((0, x.shape[0], w_down.shape[0]))
+    # Not a programmatic dependent: its stream's previous kernel is unrelated work (it forks from the caller).
+    return tail_fused(x, w_down, no_fragments, out, config, pdl=False, counter_user="down_projection")
+
+
+def project_down(x: torch.Tensor, w_down: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out = x @ w_down^T by the kernel LMF_DOWN_PROJECTION picks for this size; cuBLAS where the configs were
+    not measured: off Hopper (sm_90) and for other dtypes than bf16."""
+    config = triton_config(x.shape[0]) if _measured_for(x) else None
+    if config is None:
+        return torch.mm(x, w_down.t(), out=out)
+    return project_down_triton(x, w_down, out, config)
