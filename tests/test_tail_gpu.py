@@ -122,13 +122,20 @@ def test_op_matches_reference_backend(mode, m, monkeypatch, rng_seed):
     assert _rel_l2(out, ref.double()) < BF16_TOL
 
 
-def test_triton_is_the_default_cuda_backend():
+@pytest.mark.parametrize("m", [1, 4])
+def test_triton_is_the_default_cuda_backend(m):
+    """Triton serves the tail on CUDA unless the CuTe DSL is installed and its measured table picks the bucket
+    (M = 3 .. 64 in tail_cute_choice.json; never M <= 2, the GEMV's)."""
     from latent_moe_fusion.ops.backends import select_backend
+    from latent_moe_fusion.ops.cute import tail_backend
 
-    y = torch.randn(4, 64, dtype=torch.bfloat16, device="cuda")
-    w = torch.randn(128, 64, dtype=torch.bfloat16, device="cuda")
-    ws = torch.randn(1, 4, 128, dtype=torch.bfloat16, device="cuda")
-    assert select_backend("latent_tail", "cuda", y, w, ws, "local", None).name == "triton"
+    y = torch.randn(m, 3584, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(7168, 3584, dtype=torch.bfloat16, device="cuda")
+    ws = torch.randn(1, m, 7168, dtype=torch.bfloat16, device="cuda")
+    cute_picks = tail_backend.available() is None and tail_backend.supports(y, w, ws, "local") is None
+    assert not (m <= 2 and cute_picks)
+    want = "cute" if cute_picks else "triton"
+    assert select_backend("latent_tail", "cuda", y, w, ws, "local", None).name == want
 
 
 @pytest.mark.parametrize("m", [1, 3, 40, 100, 700])
