@@ -20,15 +20,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import environment, measure_ceilings, rel_l2, time_graphs_interleaved_ms, write_results  # noqa: E402
-from latent_moe_fusion.ops.down_projection import TRITON_TABLE, parse_swap_label, project_down_triton  # noqa: E402
+from latent_moe_fusion.ops.down_projection import parse_swap_label, project_down_triton, table_config  # noqa: E402
 
 H, L = 7168, 3584
 DECODE_M = (1, 2, 4, 8, 16, 32, 64)
 WEIGHT_SETS = 4  # 4 x 51 MB: every call reads w_down from HBM
-
-
-def _table_config(m: int):
-    return next((cfg for bound, cfg in TRITON_TABLE if m <= bound), None)
 
 
 def main() -> None:
@@ -47,7 +43,7 @@ def main() -> None:
     for m in args.m:
         xs = [torch.randn(m, H, device="cuda", dtype=torch.bfloat16) for _ in range(WEIGHT_SETS)]
         zs = [torch.empty(m, L, device="cuda", dtype=torch.bfloat16) for _ in range(WEIGHT_SETS)]
-        configs = {"triton table": _table_config(m)} | {cfg.label(): cfg for cfg in extra if cfg.block_m >= m}
+        configs = {"triton table": table_config(m)} | {cfg.label(): cfg for cfg in extra if cfg.block_m >= m}
         configs = {name: cfg for name, cfg in configs.items() if cfg is not None}
         steps = {"cublas": lambda i: torch.mm(xs[i], ws[i].t(), out=zs[i])}
         for name, cfg in configs.items():

@@ -53,13 +53,18 @@ def parse_swap_label(label: str) -> TailConfig:
     return TailConfig(kernel, bm, bn, bk, num_warps=warps, num_stages=stages, split_k=split)
 
 
+def table_config(num_tokens: int) -> TailConfig | None:
+    """TRITON_TABLE's config for `num_tokens`, None beyond the table (cuBLAS)."""
+    return next((cfg for bound, cfg in TRITON_TABLE if num_tokens <= bound), None)
+
+
 def triton_config(num_tokens: int) -> TailConfig | None:
     """The swap-kernel config that serves `num_tokens` under LMF_DOWN_PROJECTION, None for cuBLAS."""
     value = os.environ.get(DOWN_PROJECTION_ENV, "") or DEFAULT_BACKEND
     if value == "cublas":
         return None
     if value == "triton":
-        return next((cfg for bound, cfg in TRITON_TABLE if num_tokens <= bound), None)
+        return table_config(num_tokens)
     cfg = parse_swap_label(value)
     return cfg if num_tokens <= cfg.block_m else None
 
