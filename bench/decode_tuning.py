@@ -45,7 +45,6 @@ from latent_moe_fusion.ops.triton_kernels.producer_config import (  # noqa: E402
     SHARED_TILES_ENV,
 )
 from latent_moe_fusion.ops.triton_kernels.routed_gemv import ROUTED_GEMV_ENV  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.shared_by_library import SHARED_GEMMS_CHOICES, SHARED_GEMMS_ENV  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.tail import PREFETCH_ENV  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.tail_configs import GEMV_ENV  # noqa: E402
 
@@ -69,14 +68,13 @@ KNOBS: dict[str, tuple[str, ...]] = {
     SHARED_FIRST_ORDER_ENV: ("shared,router,down", "router,down,shared", "down,router,shared", "router,shared,down"),
     SHARED_FIRST_URGENT_ENV: SHARED_FIRST_URGENT_CHOICES,
     DOWN_PROJECTION_ENV: ("cublas", "triton"),
-    SHARED_GEMMS_ENV: SHARED_GEMMS_CHOICES,
 }
 # Knobs that act only up to this many tokens (the side-stream Triton shared expert, the grouping order).
 ACTIVE_UP_TO = {SHARED_SPLIT_ENV: 4, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4, SHARED_L2_K_ENV: 4,
                 GROUP_FIRST_ENV: 16, GEMV_ENV: 2, SHARED_ENV: 16, ROUTED_GEMV_ENV: 8, OVERLAP_ENV: OVERLAP_MAX_TOKENS,
                 OVERLAP_ORDER_ENV: OVERLAP_MAX_TOKENS, SHARED_FIRST_ENV: SHARED_FIRST_MAX_TOKENS,
                 SHARED_FIRST_ORDER_ENV: SHARED_FIRST_MAX_TOKENS, SHARED_FIRST_URGENT_ENV: SHARED_FIRST_MAX_TOKENS,
-                DOWN_PROJECTION_ENV: TRITON_TABLE[-1][0], SHARED_GEMMS_ENV: 128}
+                DOWN_PROJECTION_ENV: TRITON_TABLE[-1][0]}
 
 
 def _time(fn, xs, env: dict[str, str]) -> float:

@@ -16,7 +16,6 @@ from latent_moe_fusion.ops.route_and_produce import (
     shared_first_wanted,
 )
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import GRID_SHARED_ENV, SHARED_ENV
-from latent_moe_fusion.ops.triton_kernels.shared_by_library import SHARED_GEMMS_ENV
 from tests.graph_replay import replay_without_host_sync
 from tests.op_inputs import shared_gate_up
 
@@ -118,16 +117,3 @@ def test_compiled_block_is_bitwise_the_one_through_the_two_ops(model, rng_seed, 
     assert not not_first.with_producer and "[side_stream]" in not_first.beside, reports[1].summary()
     assert reports[0].ops_after["lmf.route_and_produce.default"] == 1
     assert torch.equal(outs[0], outs[1])
-
-
-@pytest.mark.parametrize("m", [8, 24])
-def test_shared_gemms_on_triton_leave_the_two_paths_bitwise(model, monkeypatch, rng_seed, m):
-    """LMF_SHARED_GEMMS=triton: both paths run the shared expert through shared_by_library's swap-AB GEMMs."""
-    monkeypatch.setenv(SHARED_GEMMS_ENV, "triton")
-    x = torch.randn(m, model.cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
-    args = _args(model, x)
-    y_n, ws = OP(*args)
-    want_y_n, want_ws = _two_ops(args, monkeypatch, shared_by_cublas=True)
-    assert torch.equal(y_n, want_y_n) and torch.equal(ws, want_ws)
-    out = torch.ops.lmf.latent_tail(y_n, model.w_up, ws, "local", None)
-    assert _rel(out, model(x)) < 1.5e-2

@@ -58,9 +58,9 @@ def _num_sms(device: torch.device) -> int:
 
 
 # Split-K arrival counters are shared by every launch on a device, so two split-K launches must never run at
-# once on the same slots: each user that can run beside another (the down-projection and the shared expert's
-# GEMMs, on side streams) takes its own share.
-COUNTER_USERS = ("tail", "down_projection", "shared_expert")
+# once on the same slots: each user that can run beside the tail (the down-projection, on a side stream)
+# takes its own half.
+COUNTER_USERS = ("tail", "down_projection")
 
 
 def _counters(device: torch.device, tiles: int, user: str = "tail") -> torch.Tensor:
