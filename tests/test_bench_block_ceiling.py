@@ -1,0 +1,30 @@
+"""bench/block.py's ratio ceiling: the largest compiled / fused over every speed of the shared routed kernels,
+checked against a brute-force scan of that speed (CPU)."""
+
+import pytest
+
+from bench.block import ratio_ceiling
+
+
+def _scan(routed_us, routed_floor_us, fixed, serial, block_floor):
+    steps = 20000
+    best = 0.0
+    for i in range(steps + 1):
+        r = routed_floor_us + (routed_us - routed_floor_us) * i / steps
+        best = max(best, (r + fixed) / max(r + serial, block_floor))
+    return best
+
+
+@pytest.mark.parametrize("case", [
+    (326.0, 197.6, 102.0, 26.2, 234.2),   # M = 128-like: the knee inside the interval
+    (197.0, 121.6, 99.8, 25.2, 157.8),    # M = 32-like
+    (50.0, 45.0, 80.0, 24.0, 87.0),       # the knee below the routed floor
+    (300.0, 100.0, 10.0, 30.0, 150.0),    # fixed < serial: the ratio rises with r beyond the knee
+])
+def test_matches_a_scan(case):
+    assert ratio_ceiling(*case) == pytest.approx(_scan(*case), rel=1e-4)
+
+
+def test_a_baseline_that_only_shares_kernels_bounds_the_ratio():
+    # rewritten work of 92 us in the baseline can at most be hidden: ratio <= 1 + fixed / block floor
+    assert ratio_ceiling(326.0, 197.6, 92.0, 26.2, 234.2) <= 1 + 92.0 / 234.2
