@@ -5,10 +5,11 @@ more, since each input routes to its own experts.
 
 Decode (beside the register-dequant routed kernels): each `LMF_REGS_SHARED` placement (side,
 cublas_side, cublas) captured in CUDA graphs; feeds `expert_schedule.shared_strategy`. Prefill (the
-Triton routed grids, no graph): `LMF_GRID_SHARED` grid or cublas, CUDA events in alternating rounds;
-feeds `expert_schedule.grid_shared_strategy`.
+Triton routed grids, no graph): `LMF_GRID_SHARED` grid, cublas or cublas_side, CUDA events around calls
+back to back in alternating rounds; feeds `expert_schedule.grid_shared_strategy`.
 
     PYTHONPATH=. python3 bench/shared_strategy.py --out bench/results
+    PYTHONPATH=. python3 bench/shared_strategy.py --m --prefill-m 4096 --name shared_strategy_prefill  # prefill only
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.block import compiled_rank_block  # noqa: E402
-from bench.common import environment, rel_l2, time_graph_ms, time_interleaved_ms, write_results  # noqa: E402
+from bench.common import (  # noqa: E402
+    environment,
+    rel_l2,
+    time_back_to_back_interleaved_ms,
+    time_graph_ms,
+    write_results,
+)
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import (  # noqa: E402
     GRID_SHARED_ENV,
     GRID_SHARED_STRATEGIES,
@@ -52,7 +59,7 @@ def prefill_row(m: int, plain, fused, block, cfg, rounds: int) -> dict:
     for strategy in GRID_SHARED_STRATEGIES:
         row[f"{strategy}_err"] = rel_l2(placed(strategy)(), ref)
     fns = {"compiled": lambda: plain(x)} | {s: placed(s) for s in GRID_SHARED_STRATEGIES}
-    row |= {f"{name}_us": 1e3 * ms for name, ms in time_interleaved_ms(fns, rounds=rounds * 3).items()}
+    row |= {f"{name}_us": 1e3 * ms for name, ms in time_back_to_back_interleaved_ms(fns, rounds=rounds * 3).items()}
     os.environ.pop(GRID_SHARED_ENV)
     row["best"] = min(GRID_SHARED_STRATEGIES, key=lambda s: row[f"{s}_us"])
     return row
@@ -61,9 +68,10 @@ def prefill_row(m: int, plain, fused, block, cfg, rounds: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    ap.add_argument("--m", type=int, nargs="+", default=list(DECODE_M))
+    ap.add_argument("--m", type=int, nargs="*", default=list(DECODE_M))
     ap.add_argument("--prefill-m", type=int, nargs="*", default=list(PREFILL_M))
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--name", default="shared_strategy")
     args = ap.parse_args()
     block, plain, fused, fpass = compiled_rank_block()
     cfg = block.cfg
@@ -93,11 +101,11 @@ def main() -> None:
     meta = environment() | {
         "config": "Kimi K3 one rank of TP8/EP8: 112/896 experts MXFP4, top-16, shared 768, R=1, router GEMM bf16",
         "timing": f"decode: CUDA graph replay over 4 rotating inputs, median of {args.rounds} alternating rounds; "
-                  f"prefill: CUDA events, median of {3 * args.rounds} alternating rounds of 4 calls",
+                  f"prefill: CUDA events around 4 calls back to back, median of {3 * args.rounds} alternating rounds",
     }
     cols = ["M", "compiled_us", "side_us", "cublas_side_us", "grid_us", "cublas_us", "best", "default", "matched",
             "side_err", "cublas_side_err", "grid_err", "cublas_err"]
-    write_results("shared_strategy", rows, cols, meta, args.out)
+    write_results(args.name, rows, cols, meta, args.out)
 
 
 if __name__ == "__main__":
