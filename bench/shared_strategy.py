@@ -5,7 +5,7 @@ more, since each input routes to its own experts.
 
 Decode (beside the register-dequant routed kernels): each `LMF_REGS_SHARED` placement (side,
 cublas_side, cublas) captured in CUDA graphs; feeds `expert_schedule.shared_strategy`. Prefill (the
-Triton routed grids, no graph): `LMF_GRID_SHARED` grid, cublas or cublas_side, CUDA events around calls
+Triton routed grids, no graph): `LMF_GRID_SHARED` grid or cublas, CUDA events around calls
 back to back in alternating rounds; feeds `expert_schedule.grid_shared_strategy`.
 
     PYTHONPATH=. python3 bench/shared_strategy.py --out bench/results

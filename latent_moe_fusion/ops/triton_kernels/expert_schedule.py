@@ -126,8 +126,8 @@ SHARED_ENV = "LMF_REGS_SHARED"  # override: side | cublas | cublas_side
 SHARED_STRATEGIES = ("side", "cublas", "cublas_side")
 SHARED_SIDE_MAX_TOKENS = 4  # up to here: the Triton shared grids on the side stream
 SHARED_CUBLAS_SIDE_MAX_TOKENS = 16  # up to here: cuBLAS on the side stream; beyond: cuBLAS in line
-GRID_SHARED_ENV = "LMF_GRID_SHARED"  # override for the Triton routed grids: grid | cublas | cublas_side
-GRID_SHARED_STRATEGIES = ("grid", "cublas", "cublas_side")
+GRID_SHARED_ENV = "LMF_GRID_SHARED"  # override for the Triton routed grids: grid | cublas
+GRID_SHARED_STRATEGIES = ("grid", "cublas")
 GRID_SHARED_MAX_TOKENS = 256  # prefill beyond: cuBLAS (measured at 4096); decode sizes keep one launch
 
 
@@ -160,8 +160,7 @@ def shared_strategy(m_s: int) -> str:
 
 def grid_shared_strategy(m_s: int) -> str:
     """Where the shared expert runs when the routed tiles are on the Triton grids: inside them ("grid",
-    one launch per layer), as cuBLAS GEMMs between them ("cublas", beyond GRID_SHARED_MAX_TOKENS), or as
-    cuBLAS GEMMs on a side stream beside them ("cublas_side", on CUDA; in line elsewhere).
+    one launch per layer), or as cuBLAS GEMMs between them ("cublas", beyond GRID_SHARED_MAX_TOKENS).
     H200, whole block at M = 4096 in alternating rounds (bench/results/shared_strategy.md): grid 4622 us,
     cublas 4562 us; the grid's shared tiles took ~270 us against ~190 us for cuBLAS (block_kernels.md)."""
     forced = _forced(GRID_SHARED_ENV, GRID_SHARED_STRATEGIES)
@@ -310,11 +309,6 @@ def run_experts(
     grid1 = (sh_l1 + nb_triton * tiles_r1) * split1
     grid2 = sh_l2 + nb_triton * tiles_r2 * split2
     common = dict(BM=bm, MXFP4=mxfp4, DEQUANT=cfg.dequant, INTERPRET=interp, DOT_PREC=prec)
-    # Beside the routed Triton grids (prefill), only the library GEMMs go on the side stream; beside the
-    # register-dequant kernels the grids there hold shared tiles only and go with them.
-    grids_beside = shared_how == "cublas_side" and not (regs or gemv)
-    if grids_beside and not z.is_cuda:
-        shared_how, grids_beside = "cublas", False  # no streams off CUDA: in line
     side = _side_stream(dev) if shared_how in ("side", "cublas_side") else None
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(dev))
@@ -324,12 +318,8 @@ def run_experts(
     # In line, the library GEMMs go right after the routed L1 launch: outside CUDA graphs (prefill) the
     # GPU then runs L1 while the host spends ~0.2 ms launching them, instead of idling before L1.
     in_line_library = shared_how == "cublas"
-    grids_stream = None if grids_beside else side
-    if grids_beside:
-        with torch.cuda.stream(side):
-            shared_as_library()
-    with torch.cuda.stream(grids_stream) if grids_stream is not None else contextlib.nullcontext():
-        if shared_how == "cublas_side" and not grids_beside:
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        if shared_how == "cublas_side":
             shared_as_library()
         if grid1 > 0:
             l1_kernel[(grid1,)](
