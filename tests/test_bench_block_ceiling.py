@@ -1,5 +1,6 @@
-"""bench/block.py's ratio ceiling: the largest compiled / fused over every speed of the shared routed kernels,
-checked against a brute-force scan of that speed (CPU)."""
+"""bench/block.py's floors and ratio ceiling on CPU: the two parts of the block count every weight once, and
+the ceiling (the largest compiled / fused over every speed of the shared routed kernels) matches a
+brute-force scan of that speed."""
 
 import pytest
 
@@ -28,3 +29,23 @@ def test_matches_a_scan(case):
 def test_a_baseline_that_only_shares_kernels_bounds_the_ratio():
     # rewritten work of 92 us in the baseline can at most be hidden: ratio <= 1 + fixed / block floor
     assert ratio_ceiling(326.0, 197.6, 92.0, 26.2, 234.2) <= 1 + 92.0 / 234.2
+
+
+def test_the_two_parts_count_every_weight_once(rng_seed):
+    """With every local expert hit, untouched + rewritten bytes are all parameters plus x read and out written."""
+    import torch
+
+    import latent_moe_fusion as lmf
+    from bench.block import block_parts_bytes_and_flops
+
+    cfg = lmf.KimiK3MoEConfig.tiny()
+    block = lmf.KimiK3MoEBlock(cfg, weight_format="mxfp4", dtype=torch.bfloat16, device="cpu", seed=0,
+                               router_gemm="bf16", ep_size=2, ep_rank=1)
+    x = torch.randn(512, cfg.hidden_size, dtype=torch.bfloat16)
+    parts = block_parts_bytes_and_flops(block, x)
+    params = sum(p.numel() * p.element_size() for p in block.parameters())
+    act = x.numel() * x.element_size()
+    assert parts["untouched"][0] + parts["rewritten"][0] == params + 2 * act
+    m, h, lat = x.shape[0], cfg.hidden_size, cfg.latent_size
+    # the rewritten FLOPs: down- and up-projection, shared gate, up and down
+    assert parts["rewritten"][1] == 2 * m * (2 * lat * h + 3 * h * block.shared_w2.shape[1])
