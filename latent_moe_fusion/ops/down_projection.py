@@ -20,7 +20,7 @@ import re
 import torch
 
 from .device import capability
-from .triton_kernels.tail_configs import TailConfig
+from .triton_kernels.tail_configs import TailConfig, _pow2
 
 DOWN_PROJECTION_ENV = "LMF_DOWN_PROJECTION"
 DEFAULT_BACKEND = "triton"
@@ -46,7 +46,7 @@ def parse_swap_label(label: str) -> TailConfig:
     kernel = match.group(1)
     bm, bn, bk, warps, stages, split = (int(g) for g in match.groups()[1:])
     for name, value in (("block_m", bm), ("block_n", bn), ("block_k", bk), ("warps", warps), ("split_k", split)):
-        if value < 1 or value & (value - 1):
+        if not _pow2(value):
             raise ValueError(f"{DOWN_PROJECTION_ENV}={label!r}: {name} = {value} is not a power of two")
     if bm < 16 or bn < 16 or bk < 16 or not 1 <= stages <= 8:
         raise ValueError(f"{DOWN_PROJECTION_ENV}={label!r}: block sizes must be >= 16 and stages 1 .. 8")

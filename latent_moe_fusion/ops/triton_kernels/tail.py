@@ -66,7 +66,7 @@ COUNTER_USERS = ("tail", "down_projection")
 def _counters(device: torch.device, tiles: int, user: str = "tail") -> torch.Tensor:
     slots = _COUNTER_SLOTS // len(COUNTER_USERS)
     if tiles > slots:
-        raise ValueError(f"split-K tail with {tiles} N tiles exceeds {slots} counters; use a larger block_n")
+        raise ValueError(f"split-K {user} with {tiles} N tiles exceeds its {slots} counters; use a larger block_n")
     cached = _COUNTERS.get(device)
     if cached is None:
         cached = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
