@@ -2,15 +2,13 @@
 lmf::route_and_project then lmf::moe_shared_producer (with the shared expert first: of the two ops with the
 producer's shared expert on cuBLAS too, which it picks itself beside the register-dequant kernels from 5 tokens
 on), also captured in a CUDA graph with poisoned outputs; and a compiled Kimi K3 rank block through it gives
-bitwise the output of one through the two ops. All with the one-launch front off (LMF_FRONT=0), which computes
-the shared expert's gate/up in another order (tests/test_front_gpu.py)."""
+bitwise the output of one through the two ops."""
 
 import pytest
 import torch
 
 import latent_moe_fusion as lmf
 from latent_moe_fusion.fusion_pass import FusionConfig
-from latent_moe_fusion.ops.front import FRONT_ENV
 from latent_moe_fusion.ops.route_and_produce import (
     SHARED_FIRST_ENV,
     SHARED_FIRST_URGENT_CHOICES,
@@ -22,11 +20,6 @@ from tests.graph_replay import replay_without_host_sync
 from tests.op_inputs import shared_gate_up
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _no_front(monkeypatch):
-    monkeypatch.setenv(FRONT_ENV, "0")
 
 OP = torch.ops.lmf.route_and_produce
 

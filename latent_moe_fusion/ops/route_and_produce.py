@@ -17,9 +17,6 @@ rate with SM slots to spare. The shared-first schedule (CUDA, MXFP4 routed weigh
     router stream:  router GEMM -> lmf::noaux_tc_route -> expert grouping -> routed L1, L2, combine + RMSNorm
     side stream 2:  latent down-projection z                           (the routed L1 waits for it)
 
-Up to 64 tokens on Hopper (ops/front.py) side stream 2 runs the down-projection and the shared expert's
-gate/up GEMM + SiTU as one launch, and side stream 1 only the shared expert's down GEMM after it.
-
 launched in the order shared_first_order gives (the router chain first up to 32 tokens, the shared expert
 first beyond). The router stream is the caller's, or up to 8 tokens an urgent (high-priority) stream, with
 the down-projection's stream urgent too (shared_first_urgent), so the shared expert's GEMMs yield SM slots.
@@ -42,7 +39,6 @@ import torch
 from .backends import Backend, register_backend, select_backend
 from .down_projection import project_down
 from .env import env_choice, env_switch
-from .front import front_config, front_fused, front_shared_down, why_not
 from .layouts import fragment_shape, group_size, publish_fragments
 from .library import _define, _run_routed_backend, _validate_producer
 from .reference import ANY_DEVICE
@@ -169,22 +165,10 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
     for stream in {shared_stream, down_stream, router_stream} - {main}:
         stream.wait_stream(main)  # every fork precedes the router's launches: no side waits on them
     routed: dict = {}
-    # The down-projection and the shared expert's gate/up + SiTU as one launch (ops/front.py) where it serves;
-    # the shared expert's down GEMM then follows it on the shared stream.
-    front = front_config(x.shape[0])
-    if front is not None and why_not(x, x_s, w_down, w1_s, w3_s) is not None:
-        front = None
-    act = x.new_empty(x.shape[0], w1_s.shape[0]) if front is not None else None
-
-    shared_down_inline = front is not None and front_shared_down() == "inline"
 
     def shared() -> None:
         with torch.cuda.stream(shared_stream):
-            if front is None:
-                shared_by_library(x_s, w1_s, w3_s, w2_s, s_out, beta, lin_beta)
-            elif not shared_down_inline:
-                shared_stream.wait_stream(down_stream)  # act: launched after the front (order below)
-                torch.mm(act, w2_s.t(), out=s_out)
+            shared_by_library(x_s, w1_s, w3_s, w2_s, s_out, beta, lin_beta)
 
     def router() -> None:
         with torch.cuda.stream(router_stream):
@@ -195,18 +179,10 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
 
     def down() -> None:
         with torch.cuda.stream(down_stream):
-            if front is None:
-                project_down(x, w_down, z)
-            else:
-                front_fused(x, w_down, w1_s, w3_s, z, act, beta, lin_beta, front)
-                if shared_down_inline:  # before the routed L1, which waits for this stream
-                    torch.mm(act, w2_s.t(), out=s_out)
+            project_down(x, w_down, z)
 
     branches = {"shared": shared, "router": router, "down": down}
-    order = shared_first_order(x.shape[0])
-    if front is not None:  # the shared expert's down GEMM waits for the front's act: launched last
-        order = tuple(b for b in order if b != "shared") + ("shared",)
-    for branch in order:
+    for branch in shared_first_order(x.shape[0]):
         branches[branch]()
     ids, weights, grouping = routed["ids"], routed["weights"], routed["grouping"]
     experts_stream = router_stream if urgent == "all" else main
