@@ -73,11 +73,6 @@ ROUTER_FIRST_MAX_TOKENS = 32
 SHARED_FIRST_URGENT_ENV = "LMF_SHARED_FIRST_URGENT"
 SHARED_FIRST_URGENT_CHOICES = ("none", "route", "all")
 URGENT_MAX_TOKENS = 8
-# Where the shared expert's stream joins (A/B switch): "early" (before the routed combine, which then runs on the
-# caller's stream) or "late" (after the op's last launch).
-COMBINE_JOIN_ENV = "LMF_COMBINE_JOIN"
-COMBINE_JOIN_CHOICES = ("early", "late")
-DEFAULT_COMBINE_JOIN = "late"
 
 
 def validate_route_and_produce(*args) -> tuple[int, int, int, int]:
@@ -115,11 +110,6 @@ def shared_first_urgent(num_tokens: int) -> str:
     """Which branches go on urgent streams (SHARED_FIRST_URGENT_ENV, else by token count)."""
     forced = env_choice(SHARED_FIRST_URGENT_ENV, SHARED_FIRST_URGENT_CHOICES, "the branches on urgent streams")
     return forced or ("all" if num_tokens <= URGENT_MAX_TOKENS else "none")
-
-
-def combine_join() -> str:
-    return env_choice(COMBINE_JOIN_ENV, COMBINE_JOIN_CHOICES, "where the shared expert's stream joins") or \
-        DEFAULT_COMBINE_JOIN
 
 
 def _produce(z, ids, weights, produce_args: tuple):
@@ -198,16 +188,11 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
     experts_stream = router_stream if urgent == "all" else main
     for stream in {down_stream, router_stream} - {experts_stream}:
         experts_stream.wait_stream(stream)
-    # The combine on the caller's stream after the shared expert's join ("early"): the tail that follows the op
-    # then has the combine as its only predecessor, so its programmatic dependent launch overlaps the combine.
-    combine_early = combine_join() == "early"
     with torch.cuda.stream(experts_stream):
         y_n = run_experts(z, ids, weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
-                          rms_weight=rms_weight, eps=eps, shared=None, grouping=grouping,
-                          combine_stream=main if combine_early else None,
-                          combine_after=(shared_stream,) if combine_early else ())
+                          rms_weight=rms_weight, eps=eps, shared=None, grouping=grouping)
     for stream in {experts_stream, shared_stream} - {main}:
-        main.wait_stream(stream)  # with the early join: no-ops after the combine's own waits
+        main.wait_stream(stream)
     # Tensors made on the urgent stream and read or returned on the caller's: the allocator must not hand
     # their memory to that stream's next allocation before the caller's stream is done with them.
     if experts_stream is not main:

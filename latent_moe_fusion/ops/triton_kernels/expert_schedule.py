@@ -205,16 +205,11 @@ def run_experts(
     config: ProducerConfig | None = None,
     out: torch.Tensor | None = None,
     grouping: Grouping | None = None,
-    combine_stream: torch.cuda.Stream | None = None,
-    combine_after: tuple[torch.cuda.Stream, ...] = (),
 ) -> torch.Tensor:
     """Routed experts (rms-normalised if rms_weight is given) [M, L]; also fills shared.out.
 
     `out` (optional, [M, L] in z.dtype) receives the result; `config` overrides the tile choice;
     `grouping` is planned_grouping's for these ids, already launched (then not grouped again).
-    `combine_stream`: the stream the combine runs on (default: the current one), after the current stream and
-    the `combine_after` streams: a caller's side work joined there leaves the combine the only predecessor
-    of what follows it on that stream (a programmatic dependent launch then overlaps it, ops/pdl.py).
     """
     m, latent = z.shape
     top_k = topk_ids.shape[1]
@@ -368,14 +363,5 @@ def run_experts(
                            shared_as_library if in_line_library else None)
     if side is not None:
         torch.cuda.current_stream(dev).wait_stream(side)
-    if combine_stream is None:
-        launch_combine(pairs, topk_ids, topk_weights, y, rms_weight, eps)
-        return y
-    for stream in {torch.cuda.current_stream(dev), *combine_after} - {combine_stream}:
-        combine_stream.wait_stream(stream)
-    if combine_stream != torch.cuda.current_stream(dev):
-        for tensor in (pairs, topk_ids, topk_weights, y):  # made on this stream, read or written on the other
-            tensor.record_stream(combine_stream)
-    with torch.cuda.stream(combine_stream):
-        launch_combine(pairs, topk_ids, topk_weights, y, rms_weight, eps)
+    launch_combine(pairs, topk_ids, topk_weights, y, rms_weight, eps)
     return y
