@@ -36,7 +36,6 @@ from latent_moe_fusion.ops.route_and_produce import (  # noqa: E402
     SHARED_FIRST_URGENT_ENV,
 )
 from latent_moe_fusion.ops.route_and_project import OVERLAP_ENV, OVERLAP_MAX_TOKENS, OVERLAP_ORDER_ENV  # noqa: E402
-from latent_moe_fusion.ops.shared_gate_up import SHARED_GATE_UP_ENV  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import GROUP_FIRST_ENV, SHARED_ENV  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.producer_config import (  # noqa: E402
     REGS_SPLIT_ENV,
@@ -69,14 +68,13 @@ KNOBS: dict[str, tuple[str, ...]] = {
     SHARED_FIRST_ORDER_ENV: ("shared,router,down", "router,down,shared", "down,router,shared", "router,shared,down"),
     SHARED_FIRST_URGENT_ENV: SHARED_FIRST_URGENT_CHOICES,
     DOWN_PROJECTION_ENV: ("cublas", "triton"),
-    SHARED_GATE_UP_ENV: ("cublas", "triton"),
 }
 # Knobs that act only up to this many tokens (the side-stream Triton shared expert, the grouping order).
 ACTIVE_UP_TO = {SHARED_SPLIT_ENV: 4, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4, SHARED_L2_K_ENV: 4,
                 GROUP_FIRST_ENV: 16, GEMV_ENV: 2, SHARED_ENV: 16, ROUTED_GEMV_ENV: 8, OVERLAP_ENV: OVERLAP_MAX_TOKENS,
                 OVERLAP_ORDER_ENV: OVERLAP_MAX_TOKENS, SHARED_FIRST_ENV: SHARED_FIRST_MAX_TOKENS,
                 SHARED_FIRST_ORDER_ENV: SHARED_FIRST_MAX_TOKENS, SHARED_FIRST_URGENT_ENV: SHARED_FIRST_MAX_TOKENS,
-                DOWN_PROJECTION_ENV: TRITON_TABLE[-1][0], SHARED_GATE_UP_ENV: SHARED_FIRST_MAX_TOKENS}
+                DOWN_PROJECTION_ENV: TRITON_TABLE[-1][0]}
 
 
 def _time(fn, xs, env: dict[str, str]) -> float:

@@ -44,8 +44,6 @@ from .library import _define, _run_routed_backend, _validate_producer
 from .reference import ANY_DEVICE
 from .route_and_project import route_and_project_cuda, route_and_project_reference, validate_route_and_project
 from .routing import router_logits
-from .shared_gate_up import gate_up_act, gate_up_config
-from .shared_gate_up import why_not as gate_up_why_not
 from .streams import side_stream
 from .validation import _fail
 
@@ -168,18 +166,9 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
         stream.wait_stream(main)  # every fork precedes the router's launches: no side waits on them
     routed: dict = {}
 
-    gate_up = gate_up_config(x.shape[0])
-    if gate_up is not None and gate_up_why_not(x_s, w1_s, w3_s) is not None:
-        gate_up = None
-
     def shared() -> None:
         with torch.cuda.stream(shared_stream):
-            if gate_up is None:
-                shared_by_library(x_s, w1_s, w3_s, w2_s, s_out, beta, lin_beta)
-            else:  # gate/up + SiTU in one launch on few SMs, the down GEMM by cuBLAS (ops/shared_gate_up.py)
-                act = gate_up_act(x_s, w1_s, w3_s, x_s.new_empty(x_s.shape[0], w1_s.shape[0]), beta, lin_beta,
-                                  gate_up)
-                torch.mm(act, w2_s.t(), out=s_out)
+            shared_by_library(x_s, w1_s, w3_s, w2_s, s_out, beta, lin_beta)
 
     def router() -> None:
         with torch.cuda.stream(router_stream):
