@@ -4,7 +4,7 @@ brute-force scan of that speed."""
 
 import pytest
 
-from bench.block import ratio_ceiling
+from bench.block import ratio_ceiling, ratios_with_routed_as_measured
 
 
 def _scan(routed_us, routed_floor_us, fixed, serial, block_floor):
@@ -49,3 +49,14 @@ def test_the_two_parts_count_every_weight_once(rng_seed):
     m, h, lat = x.shape[0], cfg.hidden_size, cfg.latent_size
     # the rewritten FLOPs: down- and up-projection, shared gate, up and down
     assert parts["rewritten"][1] == 2 * m * (2 * lat * h + 3 * h * block.shared_w2.shape[1])
+
+
+def test_ratios_with_routed_as_measured_bracket_the_fused_block():
+    """M = 32 of the session-19 block (us): compiled 282.5, fused 238.4, routed 189.95, router GEMM 10.24, the
+    rewritten part's floor 32.98, the projections' 25.2. In a row at floor < hidden; the measured fused block,
+    which overlaps part of its work, lies below both."""
+    in_a_row, hidden = ratios_with_routed_as_measured(282.5, 189.95, 10.24, 32.98, 25.2)
+    assert in_a_row == pytest.approx(282.5 / (189.95 + 10.24 + 32.98))
+    assert hidden == pytest.approx(282.5 / (189.95 + 25.2))
+    assert 282.5 / 238.4 < in_a_row < hidden
+    assert in_a_row < 1.3 < hidden  # 1.3x needs the rest hidden, not merely at its floor
