@@ -3,7 +3,7 @@ anything else naming the variable and what it accepts."""
 
 import pytest
 
-from latent_moe_fusion.ops.env import env_choice, env_switch
+from latent_moe_fusion.ops.env import env_choice, env_permutation, env_switch
 
 NAME = "LMF_TEST_KNOB"
 
@@ -29,3 +29,17 @@ def test_switch(monkeypatch):
     monkeypatch.setenv(NAME, "yes")
     with pytest.raises(ValueError, match=r"LMF_TEST_KNOB='yes': expected 1 \(run it\), 0 \(skip it\) or unset"):
         env_switch(NAME, "run it", "skip it")
+
+
+def test_permutation(monkeypatch):
+    monkeypatch.delenv(NAME, raising=False)
+    assert env_permutation(NAME, ("a", "b", "c")) is None
+    monkeypatch.setenv(NAME, "")
+    assert env_permutation(NAME, ("a", "b", "c")) is None
+    monkeypatch.setenv(NAME, "c, a,b")
+    assert env_permutation(NAME, ("a", "b", "c")) == ("c", "a", "b")
+    for bad in ("a,b", "a,b,b", "a,b,c,d", "a,b,x"):
+        monkeypatch.setenv(NAME, bad)
+        with pytest.raises(ValueError, match=r"LMF_TEST_KNOB=.*: expected the letters a, b, c, each once, "
+                                             r"comma-separated, or unset"):
+            env_permutation(NAME, ("a", "b", "c"), "the letters")

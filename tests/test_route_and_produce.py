@@ -113,7 +113,7 @@ def test_launch_order_switch(monkeypatch):
     assert shared_first_order(8) == shared_first_order(128) == ("down", "router", "shared")
     for bad in ("router,down", "router,down,down", "gate,router,down"):
         monkeypatch.setenv(SHARED_FIRST_ORDER_ENV, bad)
-        with pytest.raises(ValueError, match="LMF_SHARED_FIRST_ORDER=.*expected the three branches shared, router, down"):
+        with pytest.raises(ValueError, match=r"LMF_SHARED_FIRST_ORDER=.*expected the three branches \(in launch order\) shared, router, down"):
             shared_first_order(8)
 
 

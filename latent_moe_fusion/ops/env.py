@@ -1,6 +1,6 @@
 """Environment switches the ops read per call (A/B knobs for the benchmarks, overrides for users): one
-parser for "one of these words" and one for "0 / 1", so that every knob refuses an unknown value the same
-way, naming the variable and what it accepts."""
+parser for "one of these words", one for "0 / 1" and one for "these words in some order", so that every knob
+refuses an unknown value the same way, naming the variable and what it accepts."""
 
 from __future__ import annotations
 
@@ -26,3 +26,16 @@ def env_switch(name: str, on: str, off: str) -> bool | None:
     if value not in ("", "0", "1"):
         raise ValueError(f"{name}={value!r}: expected 1 ({on}), 0 ({off}) or unset")
     return None if not value else value == "1"
+
+
+def env_permutation(name: str, items: Sequence[str], what: str = "the items") -> tuple[str, ...] | None:
+    """The value of `name` when set: every one of `items` once, comma-separated, in the order given; None when
+    unset or empty. `what` names the items in the error for any other value."""
+    value = os.environ.get(name, "")
+    if not value:
+        return None
+    order = tuple(v.strip() for v in value.split(","))
+    if sorted(order) != sorted(items):
+        raise ValueError(f"{name}={value!r}: expected {what} {', '.join(items)}, each once, comma-separated, "
+                         "or unset")
+    return order

@@ -32,13 +32,11 @@ SHARED_FIRST_MIN_TOKENS on. Elsewhere the op runs the two ops in a row.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .backends import Backend, register_backend, select_backend
 from .down_projection import project_down
-from .env import env_choice, env_switch
+from .env import env_choice, env_permutation, env_switch
 from .layouts import fragment_shape, group_size, publish_fragments
 from .library import _define, _run_routed_backend, _validate_producer
 from .reference import ANY_DEVICE
@@ -96,14 +94,10 @@ def shared_first_wanted(num_tokens: int) -> bool:
 
 def shared_first_order(num_tokens: int) -> tuple[str, ...]:
     """The launch order of the shared-first schedule's branches (SHARED_FIRST_ORDER_ENV, else by token count)."""
-    value = os.environ.get(SHARED_FIRST_ORDER_ENV, "")
-    if not value:
-        return ("router", "shared", "down") if num_tokens <= ROUTER_FIRST_MAX_TOKENS else ("shared", "router", "down")
-    order = tuple(v.strip() for v in value.split(","))
-    if sorted(order) != sorted(SHARED_FIRST_BRANCHES):
-        raise ValueError(f"{SHARED_FIRST_ORDER_ENV}={value!r}: expected the three branches "
-                         f"{', '.join(SHARED_FIRST_BRANCHES)} in launch order, comma-separated, or unset")
-    return order
+    forced = env_permutation(SHARED_FIRST_ORDER_ENV, SHARED_FIRST_BRANCHES, "the three branches (in launch order)")
+    if forced is not None:
+        return forced
+    return ("router", "shared", "down") if num_tokens <= ROUTER_FIRST_MAX_TOKENS else ("shared", "router", "down")
 
 
 def shared_first_urgent(num_tokens: int) -> str:
