@@ -254,13 +254,13 @@ def main() -> None:
         row["serial_floor_us"] = sum(serial)
         gate_bytes = sum(t.numel() * t.element_size() for t in (block.gate_weight, block.correction_bias))
         routed_floor = row["untouched_floor_us"] - floor_us(gate_bytes, 2 * m * h * cfg.num_experts, ceilings)
+        routed_us = never_rewritten_us - row["router_gemm_us"]
         row["ceiling_fused_vs_compiled"] = ratio_ceiling(
-            routed_us=never_rewritten_us - row["router_gemm_us"], routed_floor_us=routed_floor,
+            routed_us=routed_us, routed_floor_us=routed_floor,
             fixed_compiled_us=row["router_gemm_us"] + row["rewritten_compiled_us"], serial_floor_us=row["serial_floor_us"],
             block_floor_us=block_floor_us)
         row["in_a_row_at_floor_vs_compiled"], row["rest_hidden_vs_compiled"] = ratios_with_routed_as_measured(
-            row["compiled_us"], never_rewritten_us - row["router_gemm_us"], row["router_gemm_us"],
-            row["rewritten_floor_us"], row["serial_floor_us"])
+            row["compiled_us"], routed_us, row["router_gemm_us"], row["rewritten_floor_us"], row["serial_floor_us"])
         # session 18's figure: the untouched part at its floor in both variants, the fused block at the block's floor
         row["all_at_floor_fused_vs_compiled"] = (row["untouched_floor_us"] + row["rewritten_compiled_us"]) / block_floor_us
         rows.append(row)
