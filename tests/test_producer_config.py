@@ -68,17 +68,32 @@ def hopper(sm90, monkeypatch):
     monkeypatch.delenv("LMF_MXFP4_REGS", raising=False)
 
 
-def test_routed_regs_only_for_mxfp4_decode_blocks_of_16_or_32_on_hopper(hopper, monkeypatch):
-    def regs(pairs, fmt="mxfp4", experts=LOCAL_EXPERTS):
-        return producer_config.pick_config(pairs, fmt, torch.bfloat16, experts).routed_regs
+def test_routed_regs_for_mxfp4_on_hopper_while_experts_hold_few_rows(hopper, monkeypatch):
+    def pick(pairs, fmt="mxfp4", experts=LOCAL_EXPERTS):
+        cfg = producer_config.pick_config(pairs, fmt, torch.bfloat16, experts)
+        return cfg.routed_regs, cfg.bm
 
-    assert regs(16) and regs(32 * 16)  # 16-row blocks
-    assert producer_config.pick_config(2048, "mxfp4", torch.bfloat16, 112).bm == 32 and regs(2048)
-    assert not regs(64 * 16, experts=16)  # 64 rows per expert block: Triton tiles
-    assert not regs(4096 * 16)  # prefill
-    assert not regs(16, fmt="bf16")
+    monkeypatch.delenv(producer_config.PREFILL_REGS_ENV, raising=False)
+    assert pick(16) == pick(32 * 16) == (True, 16)  # decode: 16-row blocks
+    assert pick(2048) == (True, 32)
+    assert pick(64 * 16, experts=16) == (True, 32)  # where decode would take 64-row Triton blocks: 32-row regs blocks
+    most = producer_config.PREFILL_REGS_MAX_ROWS * LOCAL_EXPERTS  # pairs, were every one local: M = 896 at top-16
+    assert pick(most) == (True, 32)
+    assert pick(most + 16) == (False, 128) and pick(4096 * 16) == (False, 128)  # beyond: the Triton tiles
+    assert pick(16, fmt="bf16")[0] is False
+    monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, "0")  # the Triton tiles beyond the decode blocks
+    assert pick(64 * 16, experts=16) == (False, 64) and pick(512 * 16) == (False, 128)
+    assert pick(16) == (True, 16)  # decode blocks are not its business
+    monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, "32")  # regs blocks at any size
+    assert pick(4096 * 16) == (True, 32)
+    monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, "16")
+    assert pick(8192 * 16) == (True, 16)
+    monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, "64")
+    with pytest.raises(ValueError, match="LMF_PREFILL_REGS='64': expected 0 .*, a block of 16 or 32 rows"):
+        pick(8192 * 16)
+    monkeypatch.delenv(producer_config.PREFILL_REGS_ENV)
     monkeypatch.setenv("LMF_MXFP4_REGS", "0")
-    assert not regs(16)
+    assert pick(16)[0] is False and pick(512 * 16) == (False, 128)
 
 
 def test_a_given_regs_config_that_cannot_run_says_why():

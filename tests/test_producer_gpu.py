@@ -7,7 +7,12 @@ import torch
 
 from latent_moe_fusion.ops.backends import select_backend
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import SharedExpert, run_experts
-from latent_moe_fusion.ops.triton_kernels.producer_config import GemmTiles, ProducerConfig, pick_config
+from latent_moe_fusion.ops.triton_kernels.producer_config import (
+    PREFILL_REGS_ENV,
+    GemmTiles,
+    ProducerConfig,
+    pick_config,
+)
 from latent_moe_fusion.ops.triton_kernels.weight_tiles import (
     DEQUANT_ASM,
     DEQUANT_ASM_PAIRS,
@@ -34,8 +39,11 @@ def _poisoned_run(p, config=None, shared=True):
 
 @pytest.mark.parametrize("weight_format", ["bf16", "mxfp4"])
 @pytest.mark.parametrize("routing", ["random", "one_expert", "few_experts", "none"])
-@pytest.mark.parametrize("m", [1, 13, 300, 600])  # 300 * 16 pairs: the prefill tiles (BM = 128); 600: the spread grouping
-def test_routed_op_matches_reference(weight_format, routing, m, rng_seed):
+# 300 * 16 pairs: the prefill tiles (BM = 128; 150 pairs per expert: beyond the register-dequant kernels' default
+# bound), and with LMF_PREFILL_REGS=32 those kernels' 32-row blocks (MXFP4 on Hopper); 600: the spread grouping
+@pytest.mark.parametrize("m, prefill_regs", [(1, ""), (13, ""), (300, ""), (600, ""), (300, "32"), (600, "32")])
+def test_routed_op_matches_reference(weight_format, routing, m, prefill_regs, monkeypatch, rng_seed):
+    monkeypatch.setenv(PREFILL_REGS_ENV, prefill_regs)
     p = make_problem(m, weight_format=weight_format, routing=routing, device="cuda", **MID)
     assert select_backend("routed_experts", "cuda", *p.routed_args()).name == "triton"
     y = torch.ops.lmf.routed_experts(*p.routed_args())

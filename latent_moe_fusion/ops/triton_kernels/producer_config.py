@@ -192,6 +192,8 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
         return ProducerConfig(16, GemmTiles(32, 32, 4, 2), GemmTiles(32, 32, 4, 2), DEQUANT_TRITON)
     if num_pairs <= DECODE_PAIRS:
         bm = decode_block_m(num_pairs, num_experts)
+        if weight_format == "mxfp4" and bm not in REGS_BLOCK_M and _is_hopper() and regs_enabled():
+            bm = prefill_regs_block_m(num_pairs, num_experts) or bm  # more rows per expert: the register-dequant kernels' blocks
         if weight_format == "mxfp4":
             # Dequantisation is ALU work: keep shared memory small (shallow shared-expert tiles) so that
             # several CTAs per SM hide its latency. BM = 16: routed weight tiles by TMA, L1 K tiles of
@@ -227,8 +229,40 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
             return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s), GemmTiles(64, 128, 4, 4, 32), dequant)
         return ProducerConfig(bm, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), dequant)
     if weight_format == "mxfp4":
+        prefill_bm = prefill_regs_block_m(num_pairs, num_experts)
+        if prefill_bm and _is_hopper() and regs_enabled():
+            # The register-dequant kernels beyond decode: every expert's rows in blocks of prefill_bm; the
+            # Triton grids then hold nothing (the shared expert runs by cuBLAS at these sizes).
+            return ProducerConfig(prefill_bm, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4, 32), dequant, True,
+                                  (1, 1), False)
         return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(128, 64, 8, 3), dequant)
     return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(256, 64, 8, 3), dequant)
+
+
+# Beyond the decode blocks of 16 / 32 rows the register-dequant kernels still win with 32-row blocks while an expert
+# holds few rows (each block streams its expert again): H200, Kimi K3 rank (EP8: 112 of 896 experts, top-16, the
+# tokens' other experts on other ranks), routed op alone, back to back, Triton tiles / regs (us): M = 192 1075 / 510,
+# 512 1600 / 647, 1024 1830 / 1011, 2048 2386 / 1601, 4096 3251 / 2837, 8192 5076 / 5198, 16384 9022 / 9966
+# (bench/results/prefill_regs.md): rows per local expert ~M * 16 / 896, so regs win up to ~73 rows and lose from
+# ~146. The op cannot see how many of its pairs are local (that would need a host sync): with tokens dispatched to
+# this rank (every id local) an expert holds num_pairs / num_experts rows, 8x the EP8 share. The bound below holds
+# in that worst case too, so the default takes the regs kernels up to 128 such rows (M = 896 at 112 experts);
+# LMF_PREFILL_REGS=32 takes them further (EP8 block at M = 4096: bench/results/block_m4096_prefill_regs.md).
+PREFILL_REGS_ENV = "LMF_PREFILL_REGS"  # "0": the Triton tiles there; "16" / "32": regs blocks at any size; unset: auto
+PREFILL_REGS_BLOCK_M = 32
+PREFILL_REGS_MAX_ROWS = 128  # pairs per local expert, were every pair local
+
+
+def prefill_regs_block_m(num_pairs: int, num_experts: int) -> int:
+    """Rows per block of the register-dequant kernels where the decode blocks end (0: the Triton tiles)."""
+    forced = os.environ.get(PREFILL_REGS_ENV, "")
+    if not forced:
+        worst_rows = num_pairs / max(1, min(num_experts, num_pairs))
+        return PREFILL_REGS_BLOCK_M if worst_rows <= PREFILL_REGS_MAX_ROWS else 0
+    if forced not in ("0", *(str(b) for b in REGS_BLOCK_M)):
+        raise ValueError(f"{PREFILL_REGS_ENV}={forced!r}: expected 0 (the Triton tiles), a block of "
+                         f"{' or '.join(str(b) for b in REGS_BLOCK_M)} rows for the register-dequant kernels, or unset")
+    return int(forced)
 
 
 def routed_gemv_picked(num_pairs: int) -> bool:
@@ -254,7 +288,7 @@ def _has_sm90() -> bool:
 # Everything besides its arguments that pick_config reads: the environment variables below and the
 # device checks. config_context() snapshots them, so that a cache of picked configs keyed on it
 # (expert_schedule.resolve_config) follows every change.
-CONFIG_ENVS = ("TRITON_INTERPRET", REGS_ENV_SWITCH, REGS_SPLIT_ENV, SHARED_TILES_ENV, SHARED_SPLIT_ENV,
+CONFIG_ENVS = ("TRITON_INTERPRET", REGS_ENV_SWITCH, PREFILL_REGS_ENV, REGS_SPLIT_ENV, SHARED_TILES_ENV, SHARED_SPLIT_ENV,
                SHARED_L2_ROWS_ENV, SHARED_L2_K_ENV, ROUTED_GEMV_ENV)
 
 
