@@ -91,9 +91,14 @@ def interpreting() -> bool:
 DECODE_PAIRS = 4096  # up to here (M * top_k) every expert holds few rows: stream weights with BM = 16
 
 
+def rows_per_expert(num_pairs: int, num_experts: int) -> float:
+    """Pairs per local expert were every pair local (the op cannot count the local ones without a host sync)."""
+    return num_pairs / max(1, min(num_experts, num_pairs))
+
+
 def decode_block_m(num_pairs: int, num_experts: int) -> int:
     """Rows per block so that most hit experts need one block (each block streams the expert again)."""
-    per_expert = num_pairs / max(1, min(num_experts, num_pairs))
+    per_expert = rows_per_expert(num_pairs, num_experts)
     return 16 if per_expert <= 12 else 32 if per_expert <= 24 else 64
 
 
@@ -193,7 +198,7 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
     if num_pairs <= DECODE_PAIRS:
         bm = decode_block_m(num_pairs, num_experts)
         if weight_format == "mxfp4" and bm not in REGS_BLOCK_M and _is_hopper() and regs_enabled():
-            bm = prefill_regs_block_m(num_pairs, num_experts) or bm  # more rows per expert: the register-dequant kernels' blocks
+            bm = prefill_regs_block_m(num_pairs, num_experts) or bm  # 64 rows: the regs kernels' blocks instead
         if weight_format == "mxfp4":
             # Dequantisation is ALU work: keep shared memory small (shallow shared-expert tiles) so that
             # several CTAs per SM hide its latency. BM = 16: routed weight tiles by TMA, L1 K tiles of
@@ -257,8 +262,7 @@ def prefill_regs_block_m(num_pairs: int, num_experts: int) -> int:
     """Rows per block of the register-dequant kernels where the decode blocks end (0: the Triton tiles)."""
     forced = os.environ.get(PREFILL_REGS_ENV, "")
     if not forced:
-        worst_rows = num_pairs / max(1, min(num_experts, num_pairs))
-        return PREFILL_REGS_BLOCK_M if worst_rows <= PREFILL_REGS_MAX_ROWS else 0
+        return PREFILL_REGS_BLOCK_M if rows_per_expert(num_pairs, num_experts) <= PREFILL_REGS_MAX_ROWS else 0
     if forced not in ("0", *(str(b) for b in REGS_BLOCK_M)):
         raise ValueError(f"{PREFILL_REGS_ENV}={forced!r}: expected 0 (the Triton tiles), a block of "
                          f"{' or '.join(str(b) for b in REGS_BLOCK_M)} rows for the register-dequant kernels, or unset")
