@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import latent_moe_fusion as lmf  # noqa: E402
+from bench.block import kimi_rank_block  # noqa: E402
 from bench.common import (  # noqa: E402
     env_applied,
     environment,
@@ -43,9 +43,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     ceilings = measure_ceilings()
-    cfg = lmf.KimiK3MoEConfig()
-    block = lmf.KimiK3MoEBlock(cfg, weight_format="mxfp4", dtype=torch.bfloat16, device="cuda", seed=1,
-                               router_gemm="bf16", ep_size=8, ep_rank=0)
+    block = kimi_rank_block("bf16")
+    cfg = block.cfg
     rows = []
     for m in args.m:
         x = torch.randn(m, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
