@@ -1,16 +1,18 @@
 """The routed op beyond decode (MXFP4, Kimi K3 rank: EP8, 112 of 896 experts, top-16): the Triton prefill tiles
-(LMF_PREFILL_REGS=0) against the register-dequant kernels in 32-row blocks (the default up to
-producer_config.PREFILL_REGS_MAX_ROWS pairs per local expert; LMF_PREFILL_REGS=32 forces them beyond).
+(LMF_PREFILL_REGS=0), the register-dequant kernels in 32-row blocks (LMF_PREFILL_REGS=32), and the default: those
+kernels up to producer_config.PREFILL_REGS_MAX_ROWS pairs per local expert counted as if every pair were local,
+beyond that a choice on the GPU by the local experts' mean rows (moe_align_choice.py; both families launch).
 
-Each variant runs `run_experts` (grouping, L1, L2, combine + RMSNorm) on the same routing (the block's router on
-random tokens), 4 calls back to back between CUDA events, in 5 alternating rounds, median per call. Floor: the
-routed experts' FLOPs (2 x 3 x I x L per valid pair) over the measured BF16 matmul rate. Error: relative L2
-against the Triton tiles' output (both FP32 sums rounded once; not bitwise).
+Routings: "ep_share" (the block's router on random tokens; the other ranks' experts -1, ~M x 16 / 896 rows per
+local expert) and "all_local" (every token's 16 experts among the rank's 112: M x 16 / 112 rows each).
+Each variant runs `run_experts` (grouping, L1, L2, combine + RMSNorm) on the same routing, 4 calls back to back
+between CUDA events, in 5 alternating rounds, median per call. Floor: the routed experts' FLOPs (2 x 3 x I x L per
+valid pair) over the measured BF16 matmul rate. Error: relative L2 against the Triton tiles' output (both FP32 sums
+rounded once; not bitwise). "picked": what the default ran (host: regs / host: triton tiles, or gpu: ... where the
+GPU chose).
 
     PYTHONPATH=. python3 bench/prefill_regs.py --out bench/results
 """
-
-from __future__ import annotations
 
 import argparse
 import sys
@@ -29,28 +31,55 @@ from bench.common import (  # noqa: E402
     time_back_to_back_interleaved_ms,
     write_results,
 )
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts  # noqa: E402
+from latent_moe_fusion.ops.triton_kernels.expert_schedule import planned_grouping, run_experts  # noqa: E402
+from latent_moe_fusion.ops.triton_kernels.moe_align_choice import GroupingChoice  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_ENV, pick_config  # noqa: E402
 
-SIZES = (192, 256, 512, 1024, 2048, 4096, 8192, 16384)
+SIZES = (192, 256, 512, 1024, 2048, 4096, 5120, 6144, 7168, 8192, 16384)
+ALL_LOCAL_SIZES = (512, 1024, 4096)
 SETTINGS = {"triton tiles": "0", "default": "", "regs 32 forced": "32"}
+
+
+def routing(block, m: int, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, weights, z) of m random tokens for one rank (see the module docstring for the kinds)."""
+    cfg = block.cfg
+    x = torch.randn(m, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    ids, weights, z = torch.ops.lmf.route_and_project(
+        x, block.gate_weight, block.correction_bias, block.w_down, "bf16", cfg.top_k, 1e-20,
+        cfg.routed_scaling_factor, block.first_expert, block.num_local_experts)
+    if kind == "all_local":
+        ids = torch.rand(m, block.num_local_experts, device="cuda").argsort(1)[:, :cfg.top_k].to(torch.int32)
+    return ids, weights, z
+
+
+def picked(routed: tuple, num_pairs: int, num_experts: int) -> str:
+    """What the default setting runs for these routed arguments."""
+    with env_applied({PREFILL_REGS_ENV: ""}):
+        cfg = pick_config(num_pairs, "mxfp4", torch.bfloat16, num_experts)
+        if not cfg.device_choice_bm:
+            return "host: regs" if cfg.routed_regs else "host: triton tiles"
+        z, ids, _, w13, w2, w13_scale, w2_scale = routed[:7]
+        choice = planned_grouping(z, ids, w13, w2, "mxfp4", w13_scale, w2_scale)
+        if not isinstance(choice, GroupingChoice):
+            return "host: triton tiles (regs cannot take the call)"
+        return "gpu: regs" if int(choice.picked_small.item()) else "gpu: triton tiles"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    ap.add_argument("--m", type=int, nargs="*", default=list(SIZES))
+    ap.add_argument("--m", type=int, nargs="*", default=list(SIZES), help="token counts of the ep_share routing")
+    ap.add_argument("--all-local-m", type=int, nargs="*", default=list(ALL_LOCAL_SIZES),
+                    help="token counts of the all_local routing")
     args = ap.parse_args()
     torch.manual_seed(0)
     ceilings = measure_ceilings()
     block = kimi_rank_block("bf16")
     cfg = block.cfg
     rows = []
-    for m in args.m:
-        x = torch.randn(m, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
-        ids, weights, z = torch.ops.lmf.route_and_project(
-            x, block.gate_weight, block.correction_bias, block.w_down, "bf16", cfg.top_k, 1e-20,
-            cfg.routed_scaling_factor, block.first_expert, block.num_local_experts)
+    cases = [("ep_share", m) for m in args.m] + [("all_local", m) for m in args.all_local_m]
+    for kind, m in cases:
+        ids, weights, z = routing(block, m, kind)
         routed = (z, ids, weights, block.w13, block.w2, block.w13_scale, block.w2_scale, "mxfp4", cfg.situ_beta,
                   cfg.situ_linear_beta)
         settings = dict(SETTINGS)
@@ -58,7 +87,8 @@ def main() -> None:
         for name, value in settings.items():
             with env_applied({PREFILL_REGS_ENV: value}):
                 block_rows[name] = pick_config(m * cfg.top_k, "mxfp4", torch.bfloat16, block.num_local_experts).bm
-        if block_rows["default"] == 32:
+        default_runs = picked(routed, m * cfg.top_k, block.num_local_experts)
+        if default_runs == "host: regs" and block_rows["default"] == 32:
             del settings["regs 32 forced"]  # the default already
         fns = {}
         for name, value in settings.items():
@@ -69,12 +99,16 @@ def main() -> None:
         outs = {name: fn() for name, fn in fns.items()}
         times = time_back_to_back_interleaved_ms(fns)
         valid = int((ids >= 0).sum())
+        hit = int(torch.unique(ids[ids >= 0]).numel())
         floor_us = 2 * 3 * cfg.moe_intermediate_size * cfg.latent_size * valid / ceilings["bf16_flop_per_s"] * 1e6
+        best_forced = min(times[n] for n in fns if n != "default")
         for name in fns:
             us = times[name] * 1e3
-            rows.append({"M": m, "setting": name, f"{PREFILL_REGS_ENV}": settings[name] or "unset",
-                         "block_rows": block_rows[name],
-                         "us": us, "vs_triton_tiles": times["triton tiles"] / times[name], "floor_us": floor_us,
+            rows.append({"routing": kind, "M": m, "setting": name, f"{PREFILL_REGS_ENV}": settings[name] or "unset",
+                         "picked": default_runs if name == "default" else "", "block_rows": block_rows[name],
+                         "rows_per_hit_expert": valid / max(hit, 1), "us": us,
+                         "vs_triton_tiles": times["triton tiles"] / times[name],
+                         "vs_best_forced": best_forced / times[name], "floor_us": floor_us,
                          "x_floor": us / floor_us, "rel_l2_vs_triton_tiles": rel_l2(outs[name], outs["triton tiles"]),
                          "finite": bool(torch.isfinite(outs[name]).all())})
             print(rows[-1], flush=True)
@@ -84,10 +118,12 @@ def main() -> None:
         "timing": "4 calls back to back between CUDA events, 5 alternating rounds, median per call",
         "floor": "routed FLOPs (2 x 3 x I x L per valid pair) / measured BF16 matmul rate",
         "block_rows": "rows per expert block: 64 / 128 for the Triton tiles (up to / beyond 4096 pairs), 16 / 32 "
-                      "for the register-dequant kernels",
+                      "for the register-dequant kernels; default with a GPU choice: the Triton tiles' 128 (and 32)",
+        "vs_best_forced": "the faster of the two forced settings over this one: the default's cost of choosing",
     }
-    write_results("prefill_regs", rows, ["M", "setting", PREFILL_REGS_ENV, "block_rows", "us", "vs_triton_tiles",
-                                         "floor_us", "x_floor", "rel_l2_vs_triton_tiles", "finite"], meta, args.out)
+    write_results("prefill_regs", rows, ["routing", "M", "setting", PREFILL_REGS_ENV, "picked", "block_rows",
+                                         "rows_per_hit_expert", "us", "vs_triton_tiles", "vs_best_forced", "floor_us",
+                                         "x_floor", "rel_l2_vs_triton_tiles", "finite"], meta, args.out)
 
 
 if __name__ == "__main__":

@@ -73,16 +73,23 @@ def test_routed_regs_for_mxfp4_on_hopper_while_experts_hold_few_rows(hopper, mon
         cfg = producer_config.pick_config(pairs, fmt, torch.bfloat16, experts)
         return cfg.routed_regs, cfg.bm
 
+    def choice_bm(pairs, fmt="mxfp4"):
+        return producer_config.pick_config(pairs, fmt, torch.bfloat16, LOCAL_EXPERTS).device_choice_bm
+
     monkeypatch.delenv(producer_config.PREFILL_REGS_ENV, raising=False)
     assert pick(16) == pick(32 * 16) == (True, 16)  # decode: 16-row blocks
     assert pick(2048) == (True, 32)
     assert pick(64 * 16, experts=16) == (True, 32)  # where decode would take 64-row Triton blocks: 32-row regs blocks
     most = producer_config.PREFILL_REGS_MAX_ROWS * LOCAL_EXPERTS  # pairs, were every one local: M = 896 at top-16
     assert pick(most) == (True, 32)
-    assert pick(most + 16) == (False, 128) and pick(4096 * 16) == (False, 128)  # beyond: the Triton tiles
+    assert pick(most + 16) == (False, 128) and pick(4096 * 16) == (False, 128)  # beyond: the Triton tiles ...
+    choice = producer_config.PREFILL_REGS_BLOCK_M  # ... or the regs blocks, picked on the GPU by the local rows
+    assert choice_bm(most + 16) == choice_bm(4096 * 16) == choice and choice_bm(most) == choice_bm(2048) == 0
+    assert choice_bm(most + 16, fmt="bf16") == 0
     assert pick(16, fmt="bf16")[0] is False
     monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, "0")  # the Triton tiles beyond the decode blocks
     assert pick(64 * 16, experts=16) == (False, 64) and pick(512 * 16) == (False, 128)
+    assert choice_bm(4096 * 16) == 0  # forced: no choice on the GPU
     assert pick(16) == (True, 16)  # decode blocks are not its business
     monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, "32")  # regs blocks at any size
     assert pick(4096 * 16) == (True, 32)
@@ -93,7 +100,7 @@ def test_routed_regs_for_mxfp4_on_hopper_while_experts_hold_few_rows(hopper, mon
         pick(8192 * 16)
     monkeypatch.delenv(producer_config.PREFILL_REGS_ENV)
     monkeypatch.setenv("LMF_MXFP4_REGS", "0")
-    assert pick(16)[0] is False and pick(512 * 16) == (False, 128)
+    assert pick(16)[0] is False and pick(512 * 16) == (False, 128) and choice_bm(4096 * 16) == 0
 
 
 def test_a_given_regs_config_that_cannot_run_says_why():
@@ -106,6 +113,9 @@ def test_a_given_regs_config_that_cannot_run_says_why():
     p = make_problem(2, latent=128, inter=128, num_experts=4, top_k=2, hidden=128, inter_s=64, weight_format="mxfp4")
     cfg = replace(producer_config.pick_config(4, "mxfp4", torch.bfloat16, 4), routed_regs=True)
     with pytest.raises(ValueError, match="routed_regs.*(sm_90|TRITON_INTERPRET)"):
+        expert_schedule.run_experts(*p.routed_args(), config=cfg)
+    cfg = replace(producer_config.pick_config(4, "mxfp4", torch.bfloat16, 4), device_choice_bm=32)
+    with pytest.raises(ValueError, match="device_choice_bm.*(sm_90|TRITON_INTERPRET).*device_choice_bm=0"):
         expert_schedule.run_experts(*p.routed_args(), config=cfg)
 
 

@@ -12,6 +12,7 @@ from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
 from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert, max_blocks
 from latent_moe_fusion.ops.triton_kernels.weight_tiles import e2m1_to_fp32, e8m0_to_fp32
 from tests.expert_problems import make_problem, make_routing, rel_l2, tolerance
+from tests.grouping_checks import assert_valid_grouping
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SIZES = dict(latent=64, inter=32, num_experts=8, top_k=4, hidden=64, inter_s=32)
@@ -47,22 +48,7 @@ def test_group_by_expert_places_every_pair_once(kind, m, top_k, spread, rng_seed
         ids[7, :3] = torch.tensor([-1, num_experts, -5])  # another rank's experts: no rows
     g = group_by_expert(ids, num_experts, bm, spread=spread)
     assert g.nb_max == max_blocks(m * top_k, num_experts, bm)
-    rows = g.sorted_pairs.cpu().view(g.nb_max, bm)
-    owners = g.block_expert.cpu()
-    flat = ids.cpu().view(-1)
-    placed = rows[rows >= 0]
-    valid = torch.nonzero((flat >= 0) & (flat < num_experts)).view(-1).int()
-    assert torch.equal(placed.sort().values, valid)  # every valid pair exactly once, no -1 ids
-    used = int((owners >= 0).sum())
-    assert torch.all(owners[:used] >= 0) and torch.all(owners[used:] == -1)
-    assert torch.all(owners[:used][1:] >= owners[:used][:-1])  # blocks in expert order
-    for b in range(g.nb_max):
-        members = rows[b][rows[b] >= 0].long()
-        assert torch.all(flat[members] == owners[b])
-        if b < used:
-            assert members.numel() > 0
-        else:
-            assert members.numel() == 0
+    assert_valid_grouping(g, ids, num_experts)
 
 
 CASES = [

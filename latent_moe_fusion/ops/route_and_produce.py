@@ -169,7 +169,8 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
             routed["ids"], routed["weights"] = torch.ops.lmf.noaux_tc_route(
                 router_logits(x, gate_weight, router_gemm), correction_bias, top_k, renorm_eps, scaling_factor,
                 first_expert, num_local)
-            routed["grouping"] = planned_grouping(z, routed["ids"], w13, w2, weight_format)  # beside the down-proj
+            # The grouping beside the down-projection.
+            routed["grouping"] = planned_grouping(z, routed["ids"], w13, w2, weight_format, w13_scale, w2_scale)
 
     def down() -> None:
         with torch.cuda.stream(down_stream):
@@ -192,7 +193,7 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
     if experts_stream is not main:
         y_n.record_stream(main)
     elif router_stream is not main:
-        for tensor in (ids, weights, *((grouping.sorted_pairs, grouping.block_expert) if grouping else ())):
+        for tensor in (ids, weights, *(grouping.tensors() if grouping else ())):
             tensor.record_stream(main)
     if world > 1:
         ws = publish_fragments(s_out, mode, group_name)

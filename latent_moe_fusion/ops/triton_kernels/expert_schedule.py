@@ -35,7 +35,15 @@ from ..streams import side_stream
 from .combine import launch_combine
 from .expert_gemm import l1_kernel, l2_kernel
 from .moe_align import Grouping, group_by_expert, max_blocks
-from .producer_config import SPLIT_K_MAX_PAIRS, ProducerConfig, config_context, interpreting, pick_config
+from .moe_align_choice import GroupingChoice, group_by_expert_choice, small_blocks_bound
+from .producer_config import (
+    PREFILL_CHOICE_MAX_ROWS,
+    SPLIT_K_MAX_PAIRS,
+    ProducerConfig,
+    config_context,
+    interpreting,
+    pick_config,
+)
 from .routed_gemv import launch_routed_gemv, routed_gemv_reason, routed_gemv_setting
 from .shared_by_library import shared_by_library
 from .split_k import launch_l1_finish
@@ -174,18 +182,43 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return side_stream(device, "shared_expert")
 
 
+def device_choice_bm(
+    cfg: ProducerConfig, z: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None, weight_format: str, num_pairs: int,
+) -> tuple[int, str | None]:
+    """Rows per register-dequant block where this call picks its routed kernels on the GPU, else 0 (the config
+    has no such choice, or the register-dequant kernels cannot take the call: the Triton tiles alone, and the
+    second value says why)."""
+    bm = cfg.device_choice_bm
+    if not bm or num_pairs == 0 or cfg.routed_regs or cfg.routed_gemv:
+        return 0, None
+    why = regs_path_reason(z, w13, w2, w13_scale, w2_scale, weight_format, bm)
+    return (bm, None) if why is None else (0, why)
+
+
 def planned_grouping(
     z: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weight_format: str,
-) -> Grouping | None:
+    w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
+) -> Grouping | GroupingChoice | None:
     """The expert grouping run_experts(z, topk_ids, ..., shared=None) will use, launched now on the current
     stream (None where that call groups nothing: no pairs, or the GEMV kernels' one to four tokens), so that
-    a caller can run it beside other work and pass it in."""
+    a caller can run it beside other work and pass it in. MXFP4 callers pass the scales (the choice on the GPU
+    between two kernel families beyond decode needs them to tell whether both can run)."""
     num_pairs, num_experts = topk_ids.numel(), w13.shape[0]
     inter = w2.shape[-1] * (2 if weight_format == "mxfp4" else 1)
     cfg = resolve_config(z, num_pairs, num_experts, weight_format, inter, None, None, w13, w2)
     if num_pairs == 0 or cfg.routed_gemv:
         return None
+    choice_bm = device_choice_bm(cfg, z, w13, w2, w13_scale, w2_scale, weight_format, num_pairs)[0]
+    if choice_bm:
+        return group_by_expert_choice(topk_ids, num_experts, choice_bm, cfg.bm, PREFILL_CHOICE_MAX_ROWS)
     return group_by_expert(topk_ids, num_experts, cfg.bm)
+
+
+def _planned_as(grouping: Grouping | GroupingChoice) -> str:
+    if isinstance(grouping, GroupingChoice):
+        return f"a choice between {grouping.small.block_m}- and {grouping.large.block_m}-row blocks"
+    return f"{grouping.block_m}-row blocks ({grouping.nb_max} at most)"
 
 
 def run_experts(
@@ -204,7 +237,7 @@ def run_experts(
     shared: SharedExpert | None = None,
     config: ProducerConfig | None = None,
     out: torch.Tensor | None = None,
-    grouping: Grouping | None = None,
+    grouping: Grouping | GroupingChoice | None = None,
 ) -> torch.Tensor:
     """Routed experts (rms-normalised if rms_weight is given) [M, L]; also fills shared.out.
 
@@ -251,7 +284,15 @@ def run_experts(
                              "use a config with routed_regs=False")
         regs = reason is None
     nb_triton = 0 if regs or gemv else nb_max
-    act_rows = num_pairs if gemv else nb_max * bm
+    # Beyond decode on Hopper: the grouping picks on the GPU between the Triton tiles (its large blocks) and the
+    # register-dequant kernels (its small blocks, at most nb_choice); both families launch, one works.
+    choice_bm, choice_why = (0, None) if regs or gemv else \
+        device_choice_bm(cfg, z, w13, w2, w13_scale, w2_scale, weight_format, num_pairs)
+    if choice_why is not None and config is not None:
+        raise ValueError(f"config.device_choice_bm: the register-dequant kernels cannot take this call ({choice_why}); "
+                         "use a config with device_choice_bm=0")
+    nb_choice = small_blocks_bound(num_pairs, num_experts, choice_bm, PREFILL_CHOICE_MAX_ROWS) if choice_bm else 0
+    act_rows = max(num_pairs if gemv else nb_max * bm, nb_choice * choice_bm)  # one buffer: one family writes it
     act = torch.empty(max(act_rows, 1), inter, dtype=z.dtype, device=dev)
     split1, split2 = cfg.l1.split_k, cfg.l2.split_k
     pair_slices = cfg.regs_split[1] if regs else 1 if gemv else split2  # K slices of the routed L2 (combine adds)
@@ -266,9 +307,19 @@ def run_experts(
     # token's shared chain is the critical one: its grouping goes after the side stream's fork.
     forced = env_switch(GROUP_FIRST_ENV, "group first", "after the fork")
     group_first = not regs or (forced if forced is not None else topk_ids.shape[0] > GROUP_AFTER_FORK_MAX_TOKENS)
-    if grouping is not None and (grouping.block_m != bm or grouping.nb_max != nb_max):
-        raise ValueError(f"grouping: planned for {grouping.block_m}-row blocks ({grouping.nb_max} at most), but this "
-                         f"call groups by {bm} ({nb_max}); plan it with planned_grouping on the same arguments")
+    choice = None
+    if choice_bm:
+        choice = grouping if grouping is not None else group_by_expert_choice(
+            topk_ids, num_experts, choice_bm, bm, PREFILL_CHOICE_MAX_ROWS)
+        if not isinstance(choice, GroupingChoice) or (choice.small.block_m, choice.small.nb_max) != (choice_bm, nb_choice):
+            raise ValueError(f"grouping: this call picks on the GPU between {bm}-row Triton tiles and {choice_bm}-row "
+                             f"register-dequant blocks, which the given grouping was not planned for; plan it with "
+                             "planned_grouping on the same arguments (scales included)")
+        grouping = choice.large
+    if grouping is not None and (not isinstance(grouping, Grouping) or grouping.block_m != bm
+                                 or grouping.nb_max != nb_max):
+        raise ValueError(f"grouping: planned as {_planned_as(grouping)}, but this call groups by {bm} rows ({nb_max} "
+                         "blocks at most); plan it with planned_grouping on the same arguments")
     if grouping is None and num_pairs > 0 and group_first and not gemv:
         grouping = group_by_expert(topk_ids, num_experts, bm)
     if grouping is None:  # grids of shared tiles only never read these; int32 like the real ones (kernel types)
@@ -334,6 +385,9 @@ def run_experts(
             if split1 > 1:
                 launch_l1_finish(h_part, block_expert, act, n_rows_r, inter, hs_part, act_s, m_s, inter_s,
                                  beta, lin_beta, bm, split1, interp)
+        if choice is not None:
+            launch_routed_l1(z, w13, w13_scale, choice.small.sorted_pairs, choice.small.block_expert, act, nb_choice,
+                             choice_bm, top_k, beta, lin_beta)
         if in_line_library and not (regs or gemv):
             shared_as_library()
         if grid2 > 0:
@@ -345,6 +399,9 @@ def run_experts(
                 BN=cfg.l2.bn, BK=cfg.l2.bk, BNS=cfg.l2.shared_bn, BKS=cfg.l2.bk_shared, WDESC=cfg.l2.tma,
                 SPLIT=split2, **cfg.l2.launch_options(), **common,
             )
+        if choice is not None:
+            launch_routed_l2(act, w2, w2_scale, choice.small.sorted_pairs, choice.small.block_expert, pairs, nb_choice,
+                             choice_bm)
     if regs:
         # PDL (ops/pdl.py): L2 follows L1 directly unless the shared GEMMs run in line between them.
         # PDL only for a single token's chain (a few programs): from M = 8 on, L2's waiting programs hold SM slots

@@ -31,6 +31,9 @@ class Grouping:
     nb_max: int
     block_m: int
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.sorted_pairs, self.block_expert
+
 
 def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
     """Upper bound on the number of BM-row blocks any routing of `num_pairs` pairs can need."""

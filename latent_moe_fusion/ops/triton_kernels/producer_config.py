@@ -59,6 +59,9 @@ class ProducerConfig:
     # Routed MXFP4 experts on the CUDA-core GEMV kernels (triton_kernels/routed_gemv.py), one (token, slot)
     # pair at a time, no grouping: for one to four decode tokens. l1 / l2 then shape only the shared expert.
     routed_gemv: bool = False
+    # > 0: beyond the decode sizes, the grouping picks on the GPU between these (Triton) tiles and the
+    # register-dequant kernels in blocks of this many rows (moe_align_choice.py), by the local experts' rows.
+    device_choice_bm: int = 0
 
     def __post_init__(self) -> None:
         if len(self.regs_split) != 2 or min(self.regs_split) < 1:
@@ -235,12 +238,14 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
         return ProducerConfig(bm, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), dequant)
     if weight_format == "mxfp4":
         prefill_bm = prefill_regs_block_m(num_pairs, num_experts)
-        if prefill_bm and _is_hopper() and regs_enabled():
+        regs = _is_hopper() and regs_enabled()
+        if prefill_bm and regs:
             # The register-dequant kernels beyond decode: every expert's rows in blocks of prefill_bm; the
             # Triton grids then hold nothing (the shared expert runs by cuBLAS at these sizes).
             return ProducerConfig(prefill_bm, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4, 32), dequant, True,
                                   (1, 1), False)
-        return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(128, 64, 8, 3), dequant)
+        choice = PREFILL_REGS_BLOCK_M if regs and prefill_device_choice() else 0
+        return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(128, 64, 8, 3), dequant, device_choice_bm=choice)
     return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(256, 64, 8, 3), dequant)
 
 
@@ -267,6 +272,18 @@ def prefill_regs_block_m(num_pairs: int, num_experts: int) -> int:
         raise ValueError(f"{PREFILL_REGS_ENV}={forced!r}: expected 0 (the Triton tiles), a block of "
                          f"{' or '.join(str(b) for b in REGS_BLOCK_M)} rows for the register-dequant kernels, or unset")
     return int(forced)
+
+
+# Beyond that host-side bound the grouping counts the local pairs on the GPU and takes the regs blocks while the
+# experts it hits hold at most PREFILL_CHOICE_MAX_ROWS rows on average (moe_align_choice.py); both kernel families
+# are launched, the unpicked one's programs exit at once.
+PREFILL_CHOICE_MAX_ROWS = 128
+
+
+def prefill_device_choice() -> bool:
+    """Whether calls beyond prefill_regs_block_m's host-side bound pick their kernels on the GPU (LMF_PREFILL_REGS
+    unset); a set value forces one family."""
+    return not os.environ.get(PREFILL_REGS_ENV, "")
 
 
 def routed_gemv_picked(num_pairs: int) -> bool:

@@ -1,0 +1,91 @@
+"""Routed MXFP4 experts beyond decode on sm_90: the grouping picks the register-dequant kernels or the Triton tiles
+on the GPU by the local experts' rows (pytest -m gpu). Against the float64 reference and the forced paths (bitwise:
+the same kernels on the same blocks), every output written, and under CUDA-graph capture the pick follows the
+replayed ids."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from latent_moe_fusion.ops.triton_kernels.expert_schedule import planned_grouping, run_experts
+from latent_moe_fusion.ops.triton_kernels.moe_align_choice import GroupingChoice
+from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_ENV
+from tests.expert_problems import make_problem, rel_l2, tolerance
+from tests.float64_reference import routed64
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                       reason="the register-dequant kernels are sm_90 only"),
+]
+
+# 32 local experts, top-16: beyond the host-side bound from M = 257 on (more than 128 pairs per expert were every
+# pair local), so every prefill size here picks on the GPU.
+SIZES = dict(latent=512, inter=256, num_experts=32, top_k=16, hidden=1024, inter_s=128)
+M = 600
+
+
+def _ep_share(m: int, ranks: int = 8) -> torch.Tensor:
+    """ids of one EP rank: each token's experts among ranks x 32, the other ranks' ones -1 (~37 rows per expert)."""
+    experts = SIZES["num_experts"]
+    ids = torch.stack([torch.randperm(ranks * experts)[:SIZES["top_k"]] for _ in range(m)]).to(torch.int32)
+    return torch.where(ids < experts, ids, -1).cuda()
+
+
+def _problem(routing: str):
+    p = make_problem(M, weight_format="mxfp4", device="cuda", **SIZES)  # every id local: ~225 rows per expert
+    if routing == "ep_share":
+        p.topk_ids.copy_(_ep_share(M))
+    return p
+
+
+def _run(p, monkeypatch, setting: str) -> torch.Tensor:
+    monkeypatch.setenv(PREFILL_REGS_ENV, setting)
+    out = torch.full_like(p.z, float("nan"))
+    return run_experts(*p.routed_args(), out=out)
+
+
+@pytest.mark.parametrize("routing,picks_regs", [("ep_share", True), ("dense", False)])
+def test_the_gpu_picks_by_local_rows_and_matches_the_forced_path(routing, picks_regs, monkeypatch, rng_seed):
+    p = _problem(routing)
+    monkeypatch.setenv(PREFILL_REGS_ENV, "")
+    choice = planned_grouping(p.z, p.topk_ids, p.w13, p.w2, "mxfp4", p.w13_scale, p.w2_scale)
+    assert isinstance(choice, GroupingChoice) and int(choice.picked_small.item()) == int(picks_regs)
+    y = _run(p, monkeypatch, "")
+    assert torch.isfinite(y).all()  # every element written over the NaN poison
+    assert rel_l2(y, routed64(*p.routed_args())) < tolerance(torch.bfloat16)
+    forced = _run(p, monkeypatch, "32" if picks_regs else "0")
+    assert torch.equal(y, forced)  # the same kernels on the same blocks
+    assert torch.equal(_run(p, monkeypatch, ""), y)  # bitwise repeatable
+
+
+def test_a_given_grouping_choice_is_used(monkeypatch, rng_seed):
+    p = _problem("ep_share")
+    monkeypatch.setenv(PREFILL_REGS_ENV, "")
+    choice = planned_grouping(p.z, p.topk_ids, p.w13, p.w2, "mxfp4", p.w13_scale, p.w2_scale)
+    y = run_experts(*p.routed_args(), grouping=choice)
+    assert torch.equal(y, _run(p, monkeypatch, ""))
+    plain = planned_grouping(p.z, p.topk_ids, p.w13, p.w2, "mxfp4")  # no scales: planned as plain Triton blocks
+    with pytest.raises(ValueError, match="picks on the GPU .* scales included"):
+        run_experts(*p.routed_args(), grouping=plain)
+
+
+def test_the_pick_follows_the_replayed_ids_in_a_cuda_graph(monkeypatch, rng_seed):
+    p = _problem("ep_share")
+    monkeypatch.setenv(PREFILL_REGS_ENV, "")
+    run_experts(*p.routed_args())  # compile outside the capture
+    torch.cuda.synchronize()
+    out = torch.full_like(p.z, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run_experts(*p.routed_args(), out=out)
+    for routing, forced in (("dense", "0"), ("ep_share", "32")):  # captured on an EP share: both picks replay
+        fresh = _problem(routing)
+        for name in ("z", "topk_ids", "topk_weights"):
+            getattr(p, name).copy_(getattr(fresh, name))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, _run(p, monkeypatch, forced)), routing
+        assert rel_l2(out, p.reference_routed()) < tolerance(torch.bfloat16)
