@@ -3,13 +3,14 @@
 kernels up to producer_config.PREFILL_REGS_MAX_ROWS pairs per local expert counted as if every pair were local,
 beyond that a choice on the GPU by the local experts' mean rows (moe_align_choice.py; both families launch).
 
-Routings: "ep_share" (the block's router on random tokens; the other ranks' experts -1, ~M x 16 / 896 rows per
-local expert) and "all_local" (every token's 16 experts among the rank's 112: M x 16 / 112 rows each).
+Routings: "ep_share" (the block's router on random tokens, the other ranks' experts -1; rows_per_hit_expert says how
+many rows each local expert holds) and "all_local" (every token's 16 experts among the rank's 112: M x 16 / 112 rows
+each).
 Each variant runs `run_experts` (grouping, L1, L2, combine + RMSNorm) on the same routing, 4 calls back to back
 between CUDA events, in 5 alternating rounds, median per call. Floor: the routed experts' FLOPs (2 x 3 x I x L per
 valid pair) over the measured BF16 matmul rate. Error: relative L2 against the Triton tiles' output (both FP32 sums
-rounded once; not bitwise). "picked": what the default ran (host: regs / host: triton tiles, or gpu: ... where the
-GPU chose).
+rounded once; not bitwise). Host time: one call's, from an idle GPU (outside CUDA graphs prefill pays it).
+"picked": what the default ran (host: regs / host: triton tiles, or gpu: ... where the GPU chose).
 
     PYTHONPATH=. python3 bench/prefill_regs.py --out bench/results
 """
@@ -26,11 +27,13 @@ from bench.block import kimi_rank_block  # noqa: E402
 from bench.common import (  # noqa: E402
     env_applied,
     environment,
+    host_us,
     measure_ceilings,
     rel_l2,
     time_back_to_back_interleaved_ms,
     write_results,
 )
+from bench.kernel_breakdown import breakdown_markdown, kernel_times_us  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import planned_grouping, run_experts  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.moe_align_choice import GroupingChoice  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_ENV, pick_config  # noqa: E402
@@ -38,6 +41,8 @@ from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_EN
 SIZES = (192, 256, 512, 1024, 2048, 4096, 5120, 6144, 7168, 8192, 16384)
 ALL_LOCAL_SIZES = (512, 1024, 4096)
 SETTINGS = {"triton tiles": "0", "default": "", "regs 32 forced": "32"}
+# Where the default's choice on the GPU costs most: dead programs of the unpicked family (and the grouping).
+KERNEL_CASES = ("ep_share:1024", "ep_share:2048", "ep_share:16384", "all_local:4096")
 
 
 def routing(block, m: int, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -71,12 +76,15 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="*", default=list(SIZES), help="token counts of the ep_share routing")
     ap.add_argument("--all-local-m", type=int, nargs="*", default=list(ALL_LOCAL_SIZES),
                     help="token counts of the all_local routing")
+    ap.add_argument("--kernels", nargs="*", default=list(KERNEL_CASES), metavar="ROUTING:M",
+                    help="cases whose per-kernel times (profiler) go to prefill_regs_kernels.md")
     args = ap.parse_args()
     torch.manual_seed(0)
     ceilings = measure_ceilings()
     block = kimi_rank_block("bf16")
     cfg = block.cfg
     rows = []
+    kernels: dict[str, list[tuple[str, float]]] = {}
     cases = [("ep_share", m) for m in args.m] + [("all_local", m) for m in args.all_local_m]
     for kind, m in cases:
         ids, weights, z = routing(block, m, kind)
@@ -98,15 +106,19 @@ def main() -> None:
             fns[name] = call
         outs = {name: fn() for name, fn in fns.items()}
         times = time_back_to_back_interleaved_ms(fns)
+        host = {name: host_us(fn, calls=20)[0] for name, fn in fns.items()}
         valid = int((ids >= 0).sum())
         hit = int(torch.unique(ids[ids >= 0]).numel())
         floor_us = 2 * 3 * cfg.moe_intermediate_size * cfg.latent_size * valid / ceilings["bf16_flop_per_s"] * 1e6
         best_forced = min(times[n] for n in fns if n != "default")
+        if f"{kind}:{m}" in args.kernels:
+            for name, fn in fns.items():
+                kernels[f"{kind}, M = {m}, {name}"] = kernel_times_us(fn, top=10)
         for name in fns:
             us = times[name] * 1e3
             rows.append({"routing": kind, "M": m, "setting": name, f"{PREFILL_REGS_ENV}": settings[name] or "unset",
                          "picked": default_runs if name == "default" else "", "block_rows": block_rows[name],
-                         "rows_per_hit_expert": valid / max(hit, 1), "us": us,
+                         "rows_per_hit_expert": valid / max(hit, 1), "us": us, "host_us": host[name],
                          "vs_triton_tiles": times["triton tiles"] / times[name],
                          "vs_best_forced": best_forced / times[name], "floor_us": floor_us,
                          "x_floor": us / floor_us, "rel_l2_vs_triton_tiles": rel_l2(outs[name], outs["triton tiles"]),
@@ -120,10 +132,16 @@ def main() -> None:
         "block_rows": "rows per expert block: 64 / 128 for the Triton tiles (up to / beyond 4096 pairs), 16 / 32 "
                       "for the register-dequant kernels; default with a GPU choice: the Triton tiles' 128 (and 32)",
         "vs_best_forced": "the faster of the two forced settings over this one: the default's cost of choosing",
+        "host_us": "median host time of one call from an idle GPU to its return (bench.common.host_us, 20 calls): "
+                   "where it nears us, the back-to-back figure is partly the host's",
     }
-    write_results("prefill_regs", rows, ["routing", "M", "setting", PREFILL_REGS_ENV, "picked", "block_rows",
-                                         "rows_per_hit_expert", "us", "vs_triton_tiles", "vs_best_forced", "floor_us",
-                                         "x_floor", "rel_l2_vs_triton_tiles", "finite"], meta, args.out)
+    columns = ["routing", "M", "setting", PREFILL_REGS_ENV, "picked", "block_rows", "rows_per_hit_expert", "us",
+               "host_us", "vs_triton_tiles", "vs_best_forced", "floor_us", "x_floor", "rel_l2_vs_triton_tiles", "finite"]
+    write_results("prefill_regs", rows, columns, meta, args.out)
+    if kernels:
+        (Path(args.out) / "prefill_regs_kernels.md").write_text(
+            f"# prefill_regs: CUDA kernel time per kernel (profiler, 5 calls)\n\n{meta['device']}, torch {meta['torch']}, "
+            f"triton {meta['triton']}; {meta['config']}\n\n" + breakdown_markdown(kernels))
 
 
 if __name__ == "__main__":

@@ -21,9 +21,10 @@ pytestmark = [
 ]
 
 # 32 local experts, top-16: beyond the host-side bound from M = 257 on (more than 128 pairs per expert were every
-# pair local), so every prefill size here picks on the GPU.
+# pair local), so every prefill size here picks on the GPU (regs blocks up to PREFILL_CHOICE_MAX_ROWS = 256 mean
+# rows per hit expert).
 SIZES = dict(latent=512, inter=256, num_experts=32, top_k=16, hidden=1024, inter_s=128)
-M = 600
+M = 600  # 9600 pairs
 
 
 def _ep_share(m: int, ranks: int = 8) -> torch.Tensor:
@@ -33,10 +34,14 @@ def _ep_share(m: int, ranks: int = 8) -> torch.Tensor:
     return torch.where(ids < experts, ids, -1).cuda()
 
 
+def _all_local(m: int) -> torch.Tensor:
+    """ids with every token's experts on this rank: m x 16 / 32 = 300 rows per expert."""
+    return torch.rand(m, SIZES["num_experts"], device="cuda").argsort(1)[:, :SIZES["top_k"]].to(torch.int32)
+
+
 def _problem(routing: str):
-    p = make_problem(M, weight_format="mxfp4", device="cuda", **SIZES)  # every id local: ~225 rows per expert
-    if routing == "ep_share":
-        p.topk_ids.copy_(_ep_share(M))
+    p = make_problem(M, weight_format="mxfp4", device="cuda", **SIZES)
+    p.topk_ids.copy_(_ep_share(M) if routing == "ep_share" else _all_local(M))
     return p
 
 
@@ -46,7 +51,7 @@ def _run(p, monkeypatch, setting: str) -> torch.Tensor:
     return run_experts(*p.routed_args(), out=out)
 
 
-@pytest.mark.parametrize("routing,picks_regs", [("ep_share", True), ("dense", False)])
+@pytest.mark.parametrize("routing,picks_regs", [("ep_share", True), ("all_local", False)])
 def test_the_gpu_picks_by_local_rows_and_matches_the_forced_path(routing, picks_regs, monkeypatch, rng_seed):
     p = _problem(routing)
     monkeypatch.setenv(PREFILL_REGS_ENV, "")
@@ -67,7 +72,7 @@ def test_a_given_grouping_choice_is_used(monkeypatch, rng_seed):
     y = run_experts(*p.routed_args(), grouping=choice)
     assert torch.equal(y, _run(p, monkeypatch, ""))
     plain = planned_grouping(p.z, p.topk_ids, p.w13, p.w2, "mxfp4")  # no scales: planned as plain Triton blocks
-    with pytest.raises(ValueError, match="picks on the GPU .* scales included"):
+    with pytest.raises(ValueError, match="picks on the GPU .*scales included"):
         run_experts(*p.routed_args(), grouping=plain)
 
 
@@ -80,7 +85,7 @@ def test_the_pick_follows_the_replayed_ids_in_a_cuda_graph(monkeypatch, rng_seed
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run_experts(*p.routed_args(), out=out)
-    for routing, forced in (("dense", "0"), ("ep_share", "32")):  # captured on an EP share: both picks replay
+    for routing, forced in (("all_local", "0"), ("ep_share", "32")):  # captured on an EP share: both picks replay
         fresh = _problem(routing)
         for name in ("z", "topk_ids", "topk_weights"):
             getattr(p, name).copy_(getattr(fresh, name))

@@ -49,21 +49,40 @@ def _count_chunk(ids_ptr, offs, num_pairs, num_experts, E_PAD: tl.constexpr):
 
 
 @triton.jit
+def _owners(blk_end, block_expert_ptr, first, stop, step, nb_max, NB_CHUNK: tl.constexpr):
+    """Expert of the blocks first + i * step + [0, NB_CHUNK) below stop: the number of experts whose range ends at or
+    before the block (experts' ranges in order, blk_end their inclusive prefix sum); -1 past the last used block."""
+    total = tl.max(blk_end, 0)
+    for b0 in range(first, stop, step):
+        blocks = b0 + tl.arange(0, NB_CHUNK)
+        owner = tl.sum((blk_end[None, :] <= blocks[:, None]).to(tl.int32), 1)
+        owner = tl.where(blocks < total, owner, -1)
+        tl.store(block_expert_ptr + blocks, owner, mask=blocks < nb_max)
+
+
+@triton.jit
 def _plan(counts, start_ptr, cursor_ptr, block_expert_ptr, nb_max,
-          BM: tl.constexpr, E_PAD: tl.constexpr, NB_CHUNK: tl.constexpr):
-    """Block ranges per expert (first block in start, row cursors zeroed) and the expert of every block."""
+          BM: tl.constexpr, E_PAD: tl.constexpr, NB_CHUNK: tl.constexpr, end_ptr=None):
+    """Block ranges per expert (first block in start, row cursors zeroed) and the expert of every block; with
+    end_ptr, the ranges' ends go there instead and the place programs work out the blocks' experts in parallel
+    (_place_owners: one program's loop over thousands of blocks took 30-115 us at prefill sizes on the H200)."""
     experts = tl.arange(0, E_PAD)
     nblk = (counts + BM - 1) // BM
     blk_end = tl.cumsum(nblk, 0)
     tl.store(start_ptr + experts, blk_end - nblk)
     tl.store(cursor_ptr + experts, tl.zeros([E_PAD], dtype=tl.int32))
-    # Expert of each block: the number of experts whose range ends at or before the block.
-    total = tl.sum(nblk, 0)
-    for b0 in range(0, nb_max, NB_CHUNK):
-        blocks = b0 + tl.arange(0, NB_CHUNK)
-        owner = tl.sum((blk_end[None, :] <= blocks[:, None]).to(tl.int32), 1)
-        owner = tl.where(blocks < total, owner, -1)
-        tl.store(block_expert_ptr + blocks, owner, mask=blocks < nb_max)
+    if end_ptr is None:
+        _owners(blk_end, block_expert_ptr, 0, nb_max, NB_CHUNK, nb_max, NB_CHUNK)
+    else:
+        tl.store(end_ptr + experts, blk_end)
+
+
+@triton.jit
+def _place_owners(end_ptr, block_expert_ptr, nb_max, E_PAD: tl.constexpr, NB_CHUNK: tl.constexpr):
+    """This program's share of the blocks' experts, from the range ends _plan stored (chunks strided by the grid)."""
+    blk_end = tl.load(end_ptr + tl.arange(0, E_PAD))
+    _owners(blk_end, block_expert_ptr, tl.program_id(0) * NB_CHUNK, nb_max, tl.num_programs(0) * NB_CHUNK, nb_max,
+            NB_CHUNK)
 
 
 @triton.jit
@@ -104,19 +123,20 @@ def _count_kernel(ids_ptr, counts_ptr, num_pairs, num_experts, E_PAD: tl.constex
 
 
 @triton.jit(do_not_specialize=["nb_max"])
-def _plan_kernel(counts_ptr, start_ptr, cursor_ptr, block_expert_ptr, nb_max,
+def _plan_kernel(counts_ptr, start_ptr, cursor_ptr, end_ptr, nb_max,
                  BM: tl.constexpr, E_PAD: tl.constexpr, NB_CHUNK: tl.constexpr):
-    """Spread step 2 (one program): block ranges and block experts from the counts."""
-    _plan(tl.load(counts_ptr + tl.arange(0, E_PAD)), start_ptr, cursor_ptr, block_expert_ptr, nb_max, BM, E_PAD,
-          NB_CHUNK)
+    """Spread step 2 (one program): block ranges from the counts."""
+    _plan(tl.load(counts_ptr + tl.arange(0, E_PAD)), start_ptr, cursor_ptr, None, nb_max, BM, E_PAD, NB_CHUNK,
+          end_ptr)
 
 
-@triton.jit
-def _place_kernel(ids_ptr, sorted_ptr, start_ptr, cursor_ptr, num_pairs, num_experts,
-                  BM: tl.constexpr, CHUNK: tl.constexpr):
-    """Spread step 3: the pairs of CHUNK per program take their rows."""
+@triton.jit(do_not_specialize=["nb_max"])
+def _place_kernel(ids_ptr, sorted_ptr, start_ptr, cursor_ptr, end_ptr, block_expert_ptr, num_pairs, num_experts,
+                  nb_max, BM: tl.constexpr, CHUNK: tl.constexpr, E_PAD: tl.constexpr, NB_CHUNK: tl.constexpr):
+    """Spread step 3: the pairs of CHUNK per program take their rows; the programs fill the blocks' experts."""
     _place_chunk(ids_ptr, sorted_ptr, start_ptr, cursor_ptr, tl.program_id(0) * CHUNK + tl.arange(0, CHUNK),
                  num_pairs, num_experts, BM)
+    _place_owners(end_ptr, block_expert_ptr, nb_max, E_PAD, NB_CHUNK)
 
 
 SPREAD_MIN_PAIRS = 8192  # from here the grouping runs over many programs (M >= 512 at top-16)
@@ -136,15 +156,16 @@ def group_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int, spre
     nb_chunk = min(64, triton.next_power_of_2(nb_max))
     if spread if spread is not None else num_pairs >= SPREAD_MIN_PAIRS:
         sorted_pairs = torch.full((nb_max * block_m,), -1, dtype=torch.int32, device=dev)
-        scratch = torch.zeros(3 * e_pad, dtype=torch.int32, device=dev)  # counts, block starts, row cursors
-        counts, starts, cursors = scratch[:e_pad], scratch[e_pad:2 * e_pad], scratch[2 * e_pad:]
+        scratch = torch.zeros(4 * e_pad, dtype=torch.int32, device=dev)  # counts, block starts, row cursors, ends
+        counts, starts, cursors, ends = (scratch[i * e_pad:(i + 1) * e_pad] for i in range(4))
         programs = triton.cdiv(max(num_pairs, 1), SPREAD_CHUNK)
         _count_kernel[(programs,)](topk_ids, counts, num_pairs, num_experts, E_PAD=e_pad, CHUNK=SPREAD_CHUNK,
                                    num_warps=4)
-        _plan_kernel[(1,)](counts, starts, cursors, block_expert, nb_max, BM=block_m, E_PAD=e_pad,
-                           NB_CHUNK=nb_chunk, num_warps=4)
-        _place_kernel[(programs,)](topk_ids, sorted_pairs, starts, cursors, num_pairs, num_experts, BM=block_m,
-                                   CHUNK=SPREAD_CHUNK, num_warps=4)
+        _plan_kernel[(1,)](counts, starts, cursors, ends, nb_max, BM=block_m, E_PAD=e_pad, NB_CHUNK=nb_chunk,
+                           num_warps=4)
+        _place_kernel[(programs,)](topk_ids, sorted_pairs, starts, cursors, ends, block_expert, num_pairs,
+                                   num_experts, nb_max, BM=block_m, CHUNK=SPREAD_CHUNK, E_PAD=e_pad,
+                                   NB_CHUNK=nb_chunk, num_warps=4)
         return Grouping(sorted_pairs, block_expert, nb_max, block_m)
     sorted_pairs = torch.empty(nb_max * block_m, dtype=torch.int32, device=dev)
     scratch = torch.empty(2 * e_pad, dtype=torch.int32, device=dev)

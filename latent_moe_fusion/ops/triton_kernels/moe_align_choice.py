@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .moe_align import SPREAD_CHUNK, Grouping, _count_kernel, _place_chunk, _plan, max_blocks
+from .moe_align import SPREAD_CHUNK, Grouping, _count_kernel, _place_chunk, _place_owners, _plan, max_blocks
 
 
 @dataclass(frozen=True)
@@ -39,36 +39,38 @@ def small_blocks_bound(num_pairs: int, num_experts: int, small_m: int, max_rows:
     return min(max_blocks(num_pairs, num_experts, small_m), num_experts * (triton.cdiv(max_rows, small_m) + 1))
 
 
-@triton.jit(do_not_specialize=["nb_small", "nb_large", "max_rows"])
+@triton.jit(do_not_specialize=["max_rows"])
 def _plan_choice_kernel(
-    counts_ptr, picked_ptr, start_s_ptr, cursor_s_ptr, block_expert_s_ptr, nb_small,
-    start_l_ptr, cursor_l_ptr, block_expert_l_ptr, nb_large, max_rows,
-    SMALL: tl.constexpr, LARGE: tl.constexpr, E_PAD: tl.constexpr, NB_CHUNK_S: tl.constexpr,
-    NB_CHUNK_L: tl.constexpr,
+    counts_ptr, picked_ptr, start_s_ptr, cursor_s_ptr, end_s_ptr, start_l_ptr, cursor_l_ptr, end_l_ptr, max_rows,
+    SMALL: tl.constexpr, LARGE: tl.constexpr, E_PAD: tl.constexpr,
 ):
-    """One program: the pick, then the block plan of both groupings, the unpicked one with no rows."""
+    """One program: the pick, then the block ranges of both groupings, the unpicked one with no rows."""
     counts = tl.load(counts_ptr + tl.arange(0, E_PAD))
     local = tl.sum(counts, 0)
     hits = tl.sum((counts > 0).to(tl.int32), 0)
     small = local <= max_rows * hits
     tl.store(picked_ptr, small.to(tl.int32))
-    _plan(tl.where(small, counts, 0), start_s_ptr, cursor_s_ptr, block_expert_s_ptr, nb_small, SMALL, E_PAD,
-          NB_CHUNK_S)
-    _plan(tl.where(small, 0, counts), start_l_ptr, cursor_l_ptr, block_expert_l_ptr, nb_large, LARGE, E_PAD,
-          NB_CHUNK_L)
+    _plan(tl.where(small, counts, 0), start_s_ptr, cursor_s_ptr, None, 0, SMALL, E_PAD, 1, end_s_ptr)
+    _plan(tl.where(small, 0, counts), start_l_ptr, cursor_l_ptr, None, 0, LARGE, E_PAD, 1, end_l_ptr)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["nb_small", "nb_large"])
 def _place_choice_kernel(
-    ids_ptr, picked_ptr, sorted_s_ptr, start_s_ptr, cursor_s_ptr, sorted_l_ptr, start_l_ptr, cursor_l_ptr,
-    num_pairs, num_experts, SMALL: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr,
+    ids_ptr, picked_ptr, num_pairs, num_experts,
+    sorted_s_ptr, start_s_ptr, cursor_s_ptr, end_s_ptr, block_expert_s_ptr, nb_small,
+    sorted_l_ptr, start_l_ptr, cursor_l_ptr, end_l_ptr, block_expert_l_ptr, nb_large,
+    SMALL: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, E_PAD: tl.constexpr, NB_CHUNK_S: tl.constexpr,
+    NB_CHUNK_L: tl.constexpr,
 ):
-    """The pairs of CHUNK per program take their rows in the picked grouping only."""
+    """The pairs of CHUNK per program take their rows in the picked grouping only; the programs fill both
+    groupings' block experts (the unpicked one's all -1)."""
     offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
     if tl.load(picked_ptr) != 0:
         _place_chunk(ids_ptr, sorted_s_ptr, start_s_ptr, cursor_s_ptr, offs, num_pairs, num_experts, SMALL)
     else:
         _place_chunk(ids_ptr, sorted_l_ptr, start_l_ptr, cursor_l_ptr, offs, num_pairs, num_experts, LARGE)
+    _place_owners(end_s_ptr, block_expert_s_ptr, nb_small, E_PAD, NB_CHUNK_S)
+    _place_owners(end_l_ptr, block_expert_l_ptr, nb_large, E_PAD, NB_CHUNK_L)
 
 
 def group_by_expert_choice(
@@ -84,23 +86,25 @@ def group_by_expert_choice(
     nb_small = small_blocks_bound(num_pairs, num_experts, small_m, max_rows)
     nb_large = max_blocks(num_pairs, num_experts, large_m)
     e_pad = triton.next_power_of_2(num_experts)
-    scratch = torch.zeros(5 * e_pad + 1, dtype=torch.int32, device=dev)  # counts, 2 x (starts, cursors), pick
-    counts, picked = scratch[:e_pad], scratch[5 * e_pad:]
-    start_s, cursor_s, start_l, cursor_l = (scratch[i * e_pad:(i + 1) * e_pad] for i in range(1, 5))
-    small = Grouping(torch.full((nb_small * small_m,), -1, dtype=torch.int32, device=dev),
-                     torch.empty(nb_small, dtype=torch.int32, device=dev), nb_small, small_m)
-    large = Grouping(torch.full((nb_large * large_m,), -1, dtype=torch.int32, device=dev),
-                     torch.empty(nb_large, dtype=torch.int32, device=dev), nb_large, large_m)
+    scratch = torch.zeros(7 * e_pad + 1, dtype=torch.int32, device=dev)  # counts, 2 x (starts, cursors, ends), pick
+    counts, picked = scratch[:e_pad], scratch[7 * e_pad:]
+    start_s, cursor_s, end_s, start_l, cursor_l, end_l = (scratch[i * e_pad:(i + 1) * e_pad] for i in range(1, 7))
+    # One allocation for both groupings (host time: prefill runs outside CUDA graphs): rows -1 (padding), block
+    # experts written by the place kernel.
+    sizes = (nb_small * small_m, nb_small, nb_large * large_m, nb_large)
+    rows_s, experts_s, rows_l, experts_l = torch.full((sum(sizes),), -1, dtype=torch.int32, device=dev).split(sizes)
+    small = Grouping(rows_s, experts_s, nb_small, small_m)
+    large = Grouping(rows_l, experts_l, nb_large, large_m)
     programs = triton.cdiv(max(num_pairs, 1), SPREAD_CHUNK)
     _count_kernel[(programs,)](topk_ids, counts, num_pairs, num_experts, E_PAD=e_pad, CHUNK=SPREAD_CHUNK, num_warps=4)
-    _plan_choice_kernel[(1,)](
-        counts, picked, start_s, cursor_s, small.block_expert, nb_small, start_l, cursor_l, large.block_expert,
-        nb_large, max_rows, SMALL=small_m, LARGE=large_m, E_PAD=e_pad,
+    _plan_choice_kernel[(1,)](counts, picked, start_s, cursor_s, end_s, start_l, cursor_l, end_l, max_rows,
+                              SMALL=small_m, LARGE=large_m, E_PAD=e_pad, num_warps=4)
+    _place_choice_kernel[(programs,)](
+        topk_ids, picked, num_pairs, num_experts,
+        small.sorted_pairs, start_s, cursor_s, end_s, small.block_expert, nb_small,
+        large.sorted_pairs, start_l, cursor_l, end_l, large.block_expert, nb_large,
+        SMALL=small_m, LARGE=large_m, CHUNK=SPREAD_CHUNK, E_PAD=e_pad,
         NB_CHUNK_S=min(64, triton.next_power_of_2(nb_small)), NB_CHUNK_L=min(64, triton.next_power_of_2(nb_large)),
         num_warps=4,
-    )
-    _place_choice_kernel[(programs,)](
-        topk_ids, picked, small.sorted_pairs, start_s, cursor_s, large.sorted_pairs, start_l, cursor_l, num_pairs,
-        num_experts, SMALL=small_m, LARGE=large_m, CHUNK=SPREAD_CHUNK, num_warps=4,
     )
     return GroupingChoice(small, large, picked, max_rows)
