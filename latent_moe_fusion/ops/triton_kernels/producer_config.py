@@ -251,10 +251,11 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
 
 # Beyond the decode blocks of 16 / 32 rows the register-dequant kernels still win with 32-row blocks while an expert
 # holds few rows (each block streams its expert again). H200, Kimi K3 rank (112 local experts, top-16), routed op
-# alone (bench/results/prefill_regs.md, session 21), by mean rows per hit expert, regs / Triton tiles: 30 rows (EP8
-# share, M = 1024) 0.49x the time, 107 (M = 4096) 0.78x, 211 (M = 8192) 0.94x, 291 (M = 12288) 1.02x, 413 (M = 16384)
-# 1.07x; every id local: 146 rows (M = 1024) 0.74x, 293 (M = 2048) 0.93x, 585 (M = 4096) 1.09x. Without a host sync
-# the op cannot see how many of its pairs are local: an EP share has ~1/8 of them, tokens dispatched to this rank all.
+# alone (bench/results/prefill_regs.md and prefill_regs_crossover.md, session 21), by mean rows per hit expert, regs /
+# Triton tiles time: 30 rows (EP8 share, M = 1024) 0.47x, 107 (M = 4096) 0.78x, 211 (M = 8192) 0.94x, 291 (M = 12288)
+# 1.02x, 413 (M = 16384) 1.07x; every id local: 146 rows (M = 1024) 0.73x, 293 (M = 2048) 0.93x, 585 (M = 4096) 1.09x.
+# Without a host sync the op cannot see how many of its pairs are local: an EP share has ~1/8 of them, tokens
+# dispatched to this rank all of them.
 # So the host takes the regs kernels outright while even the all-local count stays within PREFILL_REGS_MAX_ROWS per
 # expert (M <= 896 at 112 experts), and beyond it lets the GPU pick (PREFILL_CHOICE_MAX_ROWS below).
 PREFILL_REGS_ENV = "LMF_PREFILL_REGS"  # "0": the Triton tiles there; "16" / "32": regs blocks at any size; unset: auto
@@ -274,10 +275,11 @@ def prefill_regs_block_m(num_pairs: int, num_experts: int) -> int:
 
 
 # Beyond that host-side bound the grouping counts the local pairs on the GPU and takes the regs blocks while the
-# experts it hits hold at most PREFILL_CHOICE_MAX_ROWS rows on average (moe_align_choice.py): between the 211 rows
-# where regs won and the 291-413 where they lost or tied. Both kernel families launch; the unpicked one's programs
-# read their block's expert (-1) and exit: 36-55 us of dead Triton programs at M = 1024-2048, 106 us of dead regs
-# programs (the regs grid is capped at 112 x 9 blocks by this bound) at M = 16384 (bench/results/prefill_regs.md).
+# experts it hits hold at most PREFILL_CHOICE_MAX_ROWS rows on average (moe_align_choice.py). Above: EP share, regs
+# won at 211 rows, tied at 291, lost at 413; every id local, won at 293, lost at 585. Both kernel families launch;
+# the unpicked one's programs read their block's expert (-1) and exit: 36 us of dead Triton programs at EP M = 1024,
+# 106 us of dead regs programs at EP M = 16384, where this bound caps the regs grids at 112 x 9 blocks
+# (bench/results/prefill_regs_kernels.md).
 PREFILL_CHOICE_MAX_ROWS = 256
 
 
