@@ -94,3 +94,9 @@ def test_the_pick_follows_the_replayed_ids_in_a_cuda_graph(monkeypatch, rng_seed
         torch.cuda.synchronize()
         assert torch.equal(out, _run(p, monkeypatch, forced)), routing
         assert rel_l2(out, p.reference_routed()) < tolerance(torch.bfloat16)
+
+
+def test_opcheck_where_the_gpu_picks(monkeypatch, rng_seed):
+    monkeypatch.setenv(PREFILL_REGS_ENV, "")
+    p = _problem("ep_share")
+    torch.library.opcheck(torch.ops.lmf.routed_experts.default, p.routed_args())
