@@ -11,6 +11,10 @@ Every size that shapes a grid or buffer is known on the host; nothing reads devi
 Beyond GRID_SHARED_MAX_TOKENS the shared expert runs as cuBLAS GEMMs between the two grids instead
 (grid_shared_strategy).
 
+MXFP4 beyond decode on sm_90 (ProducerConfig.device_choice_bm): the grouping picks on the GPU between the Triton
+tiles and the register-dequant kernels' 32-row blocks (moe_align_choice.py); both families' L1 and L2 launch, and the
+unpicked one's programs exit on their unused blocks.
+
 MXFP4 decode on sm_90: one to four tokens' routed experts run on CUDA-core GEMV kernels (routed_gemv.py:
 L1 and L2 per (token, slot) pair, no grouping, then 4.), more tokens' routed tiles of 2 and 3 on the Gluon
 register-dequant kernels

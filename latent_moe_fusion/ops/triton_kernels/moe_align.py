@@ -8,9 +8,10 @@ sum_e ceil(c_e / BM) <= floor(P / BM) + (number of experts hit) with P = M * K p
 
 One program does it all: a histogram of the ids, block offsets by a prefix sum, then each pair
 takes a row in its expert's range with an atomic counter. From SPREAD_MIN_PAIRS pairs on (prefill) the
-histogram and the placement run over many programs instead (count -> plan -> place, three launches):
-one program's two passes over 65536 pairs took 140 us of a 4.5 ms M = 4096 block on the H200. The rank an atomic hands out varies run
-to run, but only the row a pair lands on changes: every row of a GEMM is computed the same way
+histogram and the placement run over many programs instead (count -> plan -> place, three launches; the place
+programs also work out the blocks' experts): one program's two passes over 65536 pairs took 140 us of a 4.5 ms
+M = 4096 block on the H200. moe_align_choice.py builds on these steps to pick the block size on the GPU. The rank an
+atomic hands out varies run to run, but only the row a pair lands on changes: every row of a GEMM is computed the same way
 wherever it sits in the tile, and the combine sums slots in a fixed order, so outputs are bitwise
 deterministic. ids < 0 (experts on other ranks) get no row.
 """
