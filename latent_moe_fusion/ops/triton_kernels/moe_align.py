@@ -62,25 +62,21 @@ def _owners(blk_end, block_expert_ptr, first, stop, step, nb_max, NB_CHUNK: tl.c
 
 
 @triton.jit
-def _plan(counts, start_ptr, cursor_ptr, block_expert_ptr, nb_max,
-          BM: tl.constexpr, E_PAD: tl.constexpr, NB_CHUNK: tl.constexpr, end_ptr=None):
-    """Block ranges per expert (first block in start, row cursors zeroed) and the expert of every block; with
-    end_ptr, the ranges' ends go there instead and the place programs work out the blocks' experts in parallel
-    (_place_owners: one program's loop over thousands of blocks took 30-115 us at prefill sizes on the H200)."""
+def _plan(counts, start_ptr, cursor_ptr, BM: tl.constexpr, E_PAD: tl.constexpr):
+    """Block ranges per expert (first block in start, row cursors zeroed); returns the ranges' ends, from which
+    _owners works out the blocks' experts."""
     experts = tl.arange(0, E_PAD)
     nblk = (counts + BM - 1) // BM
     blk_end = tl.cumsum(nblk, 0)
     tl.store(start_ptr + experts, blk_end - nblk)
     tl.store(cursor_ptr + experts, tl.zeros([E_PAD], dtype=tl.int32))
-    if end_ptr is None:
-        _owners(blk_end, block_expert_ptr, 0, nb_max, NB_CHUNK, nb_max, NB_CHUNK)
-    else:
-        tl.store(end_ptr + experts, blk_end)
+    return blk_end
 
 
 @triton.jit
 def _place_owners(end_ptr, block_expert_ptr, nb_max, E_PAD: tl.constexpr, NB_CHUNK: tl.constexpr):
-    """This program's share of the blocks' experts, from the range ends _plan stored (chunks strided by the grid)."""
+    """This program's share of the blocks' experts, from the range ends a plan kernel stored (chunks strided by the
+    grid): one program's loop over thousands of blocks took 30-115 us at prefill sizes on the H200."""
     blk_end = tl.load(end_ptr + tl.arange(0, E_PAD))
     _owners(blk_end, block_expert_ptr, tl.program_id(0) * NB_CHUNK, nb_max, tl.num_programs(0) * NB_CHUNK, nb_max,
             NB_CHUNK)
@@ -107,7 +103,7 @@ def _align_kernel(
     counts = tl.zeros([E_PAD], dtype=tl.int32)
     for p0 in range(0, num_pairs, CHUNK):
         counts += _count_chunk(ids_ptr, p0 + tl.arange(0, CHUNK), num_pairs, num_experts, E_PAD)
-    _plan(counts, start_ptr, cursor_ptr, block_expert_ptr, nb_max, BM, E_PAD, NB_CHUNK)
+    _owners(_plan(counts, start_ptr, cursor_ptr, BM, E_PAD), block_expert_ptr, 0, nb_max, NB_CHUNK, nb_max, NB_CHUNK)
     for r0 in range(0, nb_max * BM, CHUNK):
         rows = r0 + tl.arange(0, CHUNK)
         tl.store(sorted_ptr + rows, tl.full([CHUNK], -1, tl.int32), mask=rows < nb_max * BM)
@@ -123,12 +119,11 @@ def _count_kernel(ids_ptr, counts_ptr, num_pairs, num_experts, E_PAD: tl.constex
     tl.atomic_add(counts_ptr + tl.arange(0, E_PAD), counts, mask=counts > 0, sem="relaxed")
 
 
-@triton.jit(do_not_specialize=["nb_max"])
-def _plan_kernel(counts_ptr, start_ptr, cursor_ptr, end_ptr, nb_max,
-                 BM: tl.constexpr, E_PAD: tl.constexpr, NB_CHUNK: tl.constexpr):
+@triton.jit
+def _plan_kernel(counts_ptr, start_ptr, cursor_ptr, end_ptr, BM: tl.constexpr, E_PAD: tl.constexpr):
     """Spread step 2 (one program): block ranges from the counts."""
-    _plan(tl.load(counts_ptr + tl.arange(0, E_PAD)), start_ptr, cursor_ptr, None, nb_max, BM, E_PAD, NB_CHUNK,
-          end_ptr)
+    experts = tl.arange(0, E_PAD)
+    tl.store(end_ptr + experts, _plan(tl.load(counts_ptr + experts), start_ptr, cursor_ptr, BM, E_PAD))
 
 
 @triton.jit(do_not_specialize=["nb_max"])
@@ -162,8 +157,7 @@ def group_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int, spre
         programs = triton.cdiv(max(num_pairs, 1), SPREAD_CHUNK)
         _count_kernel[(programs,)](topk_ids, counts, num_pairs, num_experts, E_PAD=e_pad, CHUNK=SPREAD_CHUNK,
                                    num_warps=4)
-        _plan_kernel[(1,)](counts, starts, cursors, ends, nb_max, BM=block_m, E_PAD=e_pad, NB_CHUNK=nb_chunk,
-                           num_warps=4)
+        _plan_kernel[(1,)](counts, starts, cursors, ends, BM=block_m, E_PAD=e_pad, num_warps=4)
         _place_kernel[(programs,)](topk_ids, sorted_pairs, starts, cursors, ends, block_expert, num_pairs,
                                    num_experts, nb_max, BM=block_m, CHUNK=SPREAD_CHUNK, E_PAD=e_pad,
                                    NB_CHUNK=nb_chunk, num_warps=4)

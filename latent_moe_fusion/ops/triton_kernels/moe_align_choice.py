@@ -50,8 +50,9 @@ def _plan_choice_kernel(
     hits = tl.sum((counts > 0).to(tl.int32), 0)
     small = local <= max_rows * hits
     tl.store(picked_ptr, small.to(tl.int32))
-    _plan(tl.where(small, counts, 0), start_s_ptr, cursor_s_ptr, None, 0, SMALL, E_PAD, 1, end_s_ptr)
-    _plan(tl.where(small, 0, counts), start_l_ptr, cursor_l_ptr, None, 0, LARGE, E_PAD, 1, end_l_ptr)
+    experts = tl.arange(0, E_PAD)
+    tl.store(end_s_ptr + experts, _plan(tl.where(small, counts, 0), start_s_ptr, cursor_s_ptr, SMALL, E_PAD))
+    tl.store(end_l_ptr + experts, _plan(tl.where(small, 0, counts), start_l_ptr, cursor_l_ptr, LARGE, E_PAD))
 
 
 @triton.jit(do_not_specialize=["nb_small", "nb_large"])
