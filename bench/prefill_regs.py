@@ -15,6 +15,8 @@ rounded once; not bitwise). Host time: one call's, from an idle GPU (outside CUD
     PYTHONPATH=. python3 bench/prefill_regs.py --out bench/results
 """
 
+from __future__ import annotations
+
 import argparse
 import sys
 from pathlib import Path
@@ -34,6 +36,7 @@ from bench.common import (  # noqa: E402
     write_results,
 )
 from bench.kernel_breakdown import breakdown_markdown, kernel_times_us  # noqa: E402
+from latent_moe_fusion import KimiK3MoEBlock  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import planned_grouping, run_experts  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.moe_align_choice import GroupingChoice  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_ENV, pick_config  # noqa: E402
@@ -45,7 +48,7 @@ SETTINGS = {"triton tiles": "0", "default": "", "regs 32 forced": "32"}
 KERNEL_CASES = ("ep_share:1024", "ep_share:2048", "ep_share:16384", "all_local:4096")
 
 
-def routing(block, m: int, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def routing(block: KimiK3MoEBlock, m: int, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ids, weights, z) of m random tokens for one rank (see the module docstring for the kinds)."""
     cfg = block.cfg
     x = torch.randn(m, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
