@@ -48,7 +48,7 @@ BENCHMARKS = (
     ("down_projection.py", ("--configs", "swap_tma:16x32x256/w4/st6/s1", "swap:16x128x128/w4/st4/s4",
                             "swap_tma:32x64x256/w4/st4/s2", "swap_tma:64x64x128/w4/st6/s2"), None),  # alone vs cuBLAS
     ("prefill_tiles.py", (), None),  # prefill routed GEMM tile candidates and the spread token grouping
-    ("prefill_regs.py", (), None),  # the routed op beyond decode: Triton tiles against the register-dequant kernels
+    ("prefill_regs.py", (), None),  # the routed op beyond decode: Triton tiles, register-dequant kernels, the GPU's pick
     ("decode_tuning.py", (), None),  # decode knobs (PDL sites, prefetch, shared-expert programs, ...) on the block
     ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "128", "--knobs", "LMF_SHARED_FIRST", "--rounds",
                           "5", "--name", "decode_tuning_shared_first"), None),  # lmf::route_and_produce's schedule
