@@ -135,6 +135,11 @@ def _place_kernel(ids_ptr, sorted_ptr, start_ptr, cursor_ptr, end_ptr, block_exp
     _place_owners(end_ptr, block_expert_ptr, nb_max, E_PAD, NB_CHUNK)
 
 
+def _owner_chunk(nb_max: int) -> int:
+    """Blocks per step of the loops that work out the blocks' experts (_owners)."""
+    return min(64, triton.next_power_of_2(nb_max))
+
+
 SPREAD_MIN_PAIRS = 8192  # from here the grouping runs over many programs (M >= 512 at top-16)
 SPREAD_CHUNK = 1024  # pairs per program of the spread kernels
 
@@ -149,7 +154,7 @@ def group_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int, spre
     dev = topk_ids.device
     e_pad = triton.next_power_of_2(num_experts)
     block_expert = torch.empty(nb_max, dtype=torch.int32, device=dev)
-    nb_chunk = min(64, triton.next_power_of_2(nb_max))
+    nb_chunk = _owner_chunk(nb_max)
     if spread if spread is not None else num_pairs >= SPREAD_MIN_PAIRS:
         sorted_pairs = torch.full((nb_max * block_m,), -1, dtype=torch.int32, device=dev)
         scratch = torch.zeros(4 * e_pad, dtype=torch.int32, device=dev)  # counts, block starts, row cursors, ends

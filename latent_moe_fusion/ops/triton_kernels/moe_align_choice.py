@@ -20,7 +20,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .moe_align import SPREAD_CHUNK, Grouping, _count_kernel, _place_chunk, _place_owners, _plan, max_blocks
+from .moe_align import (
+    SPREAD_CHUNK,
+    Grouping,
+    _count_kernel,
+    _owner_chunk,
+    _place_chunk,
+    _place_owners,
+    _plan,
+    max_blocks,
+)
 
 
 @dataclass(frozen=True)
@@ -28,7 +37,6 @@ class GroupingChoice:
     small: Grouping  # blocks for the register-dequant kernels; all unused unless picked
     large: Grouping  # blocks for the Triton tiles; all unused unless picked
     picked_small: torch.Tensor  # int32 [1]: 1 where the small blocks were picked (read by tests and benchmarks)
-    max_rows: int  # the pick rule's bound on mean rows per hit expert
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return *self.small.tensors(), *self.large.tensors(), self.picked_small
@@ -105,7 +113,7 @@ def group_by_expert_choice(
         small.sorted_pairs, start_s, cursor_s, end_s, small.block_expert, nb_small,
         large.sorted_pairs, start_l, cursor_l, end_l, large.block_expert, nb_large,
         SMALL=small_m, LARGE=large_m, CHUNK=SPREAD_CHUNK, E_PAD=e_pad,
-        NB_CHUNK_S=min(64, triton.next_power_of_2(nb_small)), NB_CHUNK_L=min(64, triton.next_power_of_2(nb_large)),
+        NB_CHUNK_S=_owner_chunk(nb_small), NB_CHUNK_L=_owner_chunk(nb_large),
         num_warps=4,
     )
-    return GroupingChoice(small, large, picked, max_rows)
+    return GroupingChoice(small, large, picked)
