@@ -1,7 +1,8 @@
 """The routed op beyond decode (MXFP4, Kimi K3 rank: EP8, 112 of 896 experts, top-16): the Triton prefill tiles
-(LMF_PREFILL_REGS=0), the register-dequant kernels in 32-row blocks (LMF_PREFILL_REGS=32), and the default: those
-kernels up to producer_config.PREFILL_REGS_MAX_ROWS pairs per local expert counted as if every pair were local,
-beyond that a choice on the GPU by the local experts' mean rows (moe_align_choice.py; both families launch).
+(LMF_PREFILL_REGS=0), the register-dequant kernels in 32- and 64-row blocks (LMF_PREFILL_REGS=32 / 64), and the
+default: those kernels in 64-row blocks up to producer_config.PREFILL_REGS_MAX_ROWS pairs per local expert counted as
+if every pair were local, beyond that a choice on the GPU by the local experts' mean rows (moe_align_choice.py; both
+families launch).
 
 Routings: "ep_share" (the block's router on random tokens, the other ranks' experts -1; rows_per_hit_expert says how
 many rows each local expert holds) and "all_local" (every token's 16 experts among the rank's 112: M x 16 / 112 rows
@@ -41,11 +42,12 @@ from latent_moe_fusion.ops.triton_kernels.expert_schedule import planned_groupin
 from latent_moe_fusion.ops.triton_kernels.moe_align_choice import GroupingChoice  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_ENV, pick_config  # noqa: E402
 
-SIZES = (192, 256, 512, 1024, 2048, 4096, 5120, 6144, 7168, 8192, 16384)
-ALL_LOCAL_SIZES = (512, 1024, 4096)
-SETTINGS = {"triton tiles": "0", "default": "", "regs 32 forced": "32"}
-# Where the default's choice on the GPU costs most: dead programs of the unpicked family (and the grouping).
-KERNEL_CASES = ("ep_share:1024", "ep_share:2048", "ep_share:16384", "all_local:4096")
+SIZES = (192, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+ALL_LOCAL_SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+SETTINGS = {"triton tiles": "0", "default": "", "regs 32 forced": "32", "regs 64 forced": "64"}
+# Per-kernel breakdowns: the default's 64-row kernels on an EP share, and where the GPU chooses (dead programs of the
+# unpicked family).
+KERNEL_CASES = ("ep_share:4096", "ep_share:16384", "all_local:16384", "all_local:32768")
 
 
 def routing(block: KimiK3MoEBlock, m: int, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -99,8 +101,8 @@ def main() -> None:
             with env_applied({PREFILL_REGS_ENV: value}):
                 block_rows[name] = pick_config(m * cfg.top_k, "mxfp4", torch.bfloat16, block.num_local_experts).bm
         default_runs = picked(routed, m * cfg.top_k, block.num_local_experts)
-        if default_runs == "host: regs" and block_rows["default"] == 32:
-            del settings["regs 32 forced"]  # the default already
+        if default_runs == "host: regs":
+            settings.pop(f"regs {block_rows['default']} forced", None)  # the default already
         fns = {}
         for name, value in settings.items():
             def call(value: str = value) -> torch.Tensor:
@@ -132,9 +134,9 @@ def main() -> None:
         "bf16_TFLOPps": ceilings["bf16_flop_per_s"] / 1e12,
         "timing": "4 calls back to back between CUDA events, 5 alternating rounds, median per call",
         "floor": "routed FLOPs (2 x 3 x I x L per valid pair) / measured BF16 matmul rate",
-        "block_rows": "rows per expert block: 64 / 128 for the Triton tiles (up to / beyond 4096 pairs), 16 / 32 "
-                      "for the register-dequant kernels; default with a GPU choice: the Triton tiles' 128 (and 32)",
-        "vs_best_forced": "the faster of the two forced settings over this one: the default's cost of choosing",
+        "block_rows": "rows per expert block: 64 / 128 for the Triton tiles (up to / beyond 4096 pairs), 16 / 32 / 64 "
+                      "for the register-dequant kernels; default with a GPU choice: the Triton tiles' 128 (and 64)",
+        "vs_best_forced": "the fastest forced setting over this one: the default's cost of its choice",
         "host_us": "median host time of one call from an idle GPU to its return (bench.common.host_us, 20 calls): "
                    "where it nears us, the back-to-back figure is partly the host's",
     }

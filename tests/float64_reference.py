@@ -36,25 +36,19 @@ def situ64(g: torch.Tensor, u: torch.Tensor, beta: float, lin_beta: float) -> to
 
 
 def routed64(z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta) -> torch.Tensor:
-    """y[m] = sum_j w[m, j] * W2[e] @ SiTU(W1[e] z[m], W3[e] z[m]) for e = ids[m, j] >= 0, token by token
-    (on the inputs' device: float64 on a GPU keeps the Kimi-size references quick)."""
-    experts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # decoded on first use
+    """y[m] = sum_j w[m, j] * W2[e] @ SiTU(W1[e] z[m], W3[e] z[m]) for e = ids[m, j] >= 0, expert by expert over
+    its (token, slot) pairs (on the inputs' device: float64 on a GPU keeps the Kimi-size references quick)."""
     z = z.to(F64)
+    ids = topk_ids.long()
     y = torch.zeros(z.shape, dtype=F64, device=z.device)
-    for m in range(z.shape[0]):
-        for j in range(topk_ids.shape[1]):
-            e = int(topk_ids[m, j])
-            if e < 0:
-                continue
-            if e not in experts:
-                experts[e] = (
-                    expert_weights64(w13[e], None if w13_scale is None else w13_scale[e], weight_format),
-                    expert_weights64(w2[e], None if w2_scale is None else w2_scale[e], weight_format),
-                )
-            w13_e, w2_e = experts[e]
-            inter = w2_e.shape[-1]
-            h = w13_e @ z[m]
-            y[m] += float(topk_weights[m, j]) * (w2_e @ situ64(h[:inter], h[inter:], beta, lin_beta))
+    for e in ids[ids >= 0].unique().tolist():
+        tokens, slots = (ids == e).nonzero(as_tuple=True)
+        w13_e = expert_weights64(w13[e], None if w13_scale is None else w13_scale[e], weight_format)
+        w2_e = expert_weights64(w2[e], None if w2_scale is None else w2_scale[e], weight_format)
+        inter = w2_e.shape[-1]
+        h = z[tokens] @ w13_e.T
+        act = situ64(h[:, :inter], h[:, inter:], beta, lin_beta)
+        y.index_add_(0, tokens, topk_weights[tokens, slots].to(F64)[:, None] * (act @ w2_e.T))
     return y
 
 

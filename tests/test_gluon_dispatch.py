@@ -92,7 +92,9 @@ def test_weight_rings_by_pairs_and_by_override(monkeypatch):
     monkeypatch.delenv(RING_ENV, raising=False)
     assert weight_rings(128) == ("tma", "tma")
     assert weight_rings(L2_TMA_MAX_PAIRS + 1) == ("tma", "cp4")
+    assert weight_rings(L2_TMA_MAX_PAIRS + 1, 64) == weight_rings(65536, 64) == ("tma", "tma")  # 64-row blocks
     monkeypatch.setenv(RING_ENV, "cp2")
+    assert weight_rings(65536, 64) == ("cp2", "cp2")
     assert weight_rings(128) == ("cp2", "cp2")
     monkeypatch.setenv(RING_ENV, "loads,cp4")
     assert weight_rings(4096) == ("loads", "cp4")
@@ -156,7 +158,9 @@ def test_the_register_caps_follow_the_override(monkeypatch):
     monkeypatch.delenv(MAXNREG_ENV, raising=False)
     assert (max_registers("l1", "tma"), max_registers("l1", "cp"), max_registers("l2", "tma")) == (
         None, L1_MAX_REGISTERS, L2_MAX_REGISTERS)
+    assert [max_registers(k, r, 64) for k in ("l1", "l2") for r in ("tma", "cp", "loads")] == [None] * 6  # 64 rows
     monkeypatch.setenv(MAXNREG_ENV, "128,none")
+    assert (max_registers("l1", "tma", 64), max_registers("l2", "cp", 64)) == (128, None)  # the override wins
     assert (max_registers("l1", "tma"), max_registers("l2", "cp")) == (128, None)
     monkeypatch.setenv(MAXNREG_ENV, "none")
     assert (max_registers("l1", "cp"), max_registers("l2", "tma")) == (None, None)

@@ -10,7 +10,12 @@ import torch
 
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import planned_grouping, run_experts
 from latent_moe_fusion.ops.triton_kernels.moe_align_choice import GroupingChoice
-from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_ENV
+from latent_moe_fusion.ops.triton_kernels.producer_config import (
+    PREFILL_CHOICE_MAX_ROWS,
+    PREFILL_REGS_BLOCK_M,
+    PREFILL_REGS_ENV,
+    PREFILL_REGS_MAX_ROWS,
+)
 from tests.expert_problems import make_problem, rel_l2, tolerance
 from tests.float64_reference import routed64
 
@@ -20,22 +25,25 @@ pytestmark = [
                        reason="the register-dequant kernels are sm_90 only"),
 ]
 
-# 32 local experts, top-16: beyond the host-side bound from M = 257 on (more than 128 pairs per expert were every
-# pair local), so every prefill size here picks on the GPU (regs blocks up to PREFILL_CHOICE_MAX_ROWS = 256 mean
-# rows per hit expert).
+# 32 local experts, top-16: beyond the host-side bound from M = 4097 on (more than 2048 pairs per expert were every
+# pair local), so the size here picks on the GPU: an EP share (~528 rows per hit expert) the regs blocks, every id
+# local (4224 rows) the Triton tiles.
 SIZES = dict(latent=512, inter=256, num_experts=32, top_k=16, hidden=1024, inter_s=128)
-M = 600  # 9600 pairs
+M = 8448  # 135168 pairs
+REGS = str(PREFILL_REGS_BLOCK_M)  # the forced setting that runs the regs blocks the GPU picks
+assert M * SIZES["top_k"] > PREFILL_REGS_MAX_ROWS * SIZES["num_experts"]
+assert M * SIZES["top_k"] // 8 < PREFILL_CHOICE_MAX_ROWS * SIZES["num_experts"] < M * SIZES["top_k"]
 
 
 def _ep_share(m: int, ranks: int = 8) -> torch.Tensor:
-    """ids of one EP rank: each token's experts among ranks x 32, the other ranks' ones -1 (~37 rows per expert)."""
+    """ids of one EP rank: each token's experts among ranks x 32, the other ranks' ones -1 (~m / 16 rows per expert)."""
     experts = SIZES["num_experts"]
     ids = torch.stack([torch.randperm(ranks * experts)[:SIZES["top_k"]] for _ in range(m)]).to(torch.int32)
     return torch.where(ids < experts, ids, -1).cuda()
 
 
 def _all_local(m: int) -> torch.Tensor:
-    """ids with every token's experts on this rank: m x 16 / 32 = 300 rows per expert."""
+    """ids with every token's experts on this rank: m x 16 / 32 rows per expert."""
     return torch.rand(m, SIZES["num_experts"], device="cuda").argsort(1)[:, :SIZES["top_k"]].to(torch.int32)
 
 
@@ -60,7 +68,7 @@ def test_the_gpu_picks_by_local_rows_and_matches_the_forced_path(routing, picks_
     y = _run(p, monkeypatch, "")
     assert torch.isfinite(y).all()  # every element written over the NaN poison
     assert rel_l2(y, routed64(*p.routed_args())) < tolerance(torch.bfloat16)
-    forced = _run(p, monkeypatch, "32" if picks_regs else "0")
+    forced = _run(p, monkeypatch, REGS if picks_regs else "0")
     assert torch.equal(y, forced)  # the same kernels on the same blocks
     assert torch.equal(_run(p, monkeypatch, ""), y)  # bitwise repeatable
 
@@ -85,7 +93,7 @@ def test_the_pick_follows_the_replayed_ids_in_a_cuda_graph(monkeypatch, rng_seed
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run_experts(*p.routed_args(), out=out)
-    for routing, forced in (("all_local", "0"), ("ep_share", "32")):  # captured on an EP share: both picks replay
+    for routing, forced in (("all_local", "0"), ("ep_share", REGS)):  # captured on an EP share: both picks replay
         fresh = _problem(routing)
         for name in ("z", "topk_ids", "topk_weights"):
             getattr(p, name).copy_(getattr(fresh, name))

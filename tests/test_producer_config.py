@@ -80,27 +80,29 @@ def test_routed_regs_for_mxfp4_on_hopper_while_experts_hold_few_rows(hopper, mon
     assert pick(16) == pick(32 * 16) == (True, 16)  # decode: 16-row blocks
     assert pick(2048) == (True, 32)
     assert pick(64 * 16, experts=16) == (True, 32)  # where decode would take 64-row Triton blocks: 32-row regs blocks
-    most = producer_config.PREFILL_REGS_MAX_ROWS * LOCAL_EXPERTS  # pairs, were every one local: M = 896 at top-16
-    assert pick(most) == (True, 32)
-    assert pick(most + 16) == (False, 128) and pick(4096 * 16) == (False, 128)  # beyond: the Triton tiles ...
+    few = producer_config.PREFILL_REGS_FEW_ROWS * LOCAL_EXPERTS  # pairs, were every one local: M = 896 at top-16
+    assert pick(512 * 16) == pick(few) == (True, 32)  # up to here 32-row blocks, beyond 64-row ones
+    assert pick(few + 16) == pick(1024 * 16) == (True, 64) and pick(160 * 16, experts=16) == (True, 64)
+    most = producer_config.PREFILL_REGS_MAX_ROWS * LOCAL_EXPERTS  # pairs, were every one local: M = 14336 at top-16
+    assert pick(most) == (True, producer_config.PREFILL_REGS_BLOCK_M) == (True, 64)
+    assert pick(most + 16) == (False, 128) and pick(32768 * 16) == (False, 128)  # beyond: the Triton tiles ...
     choice = producer_config.PREFILL_REGS_BLOCK_M  # ... or the regs blocks, picked on the GPU by the local rows
-    assert choice_bm(most + 16) == choice_bm(4096 * 16) == choice and choice_bm(most) == choice_bm(2048) == 0
+    assert choice_bm(most + 16) == choice_bm(32768 * 16) == choice and choice_bm(most) == choice_bm(2048) == 0
     assert choice_bm(most + 16, fmt="bf16") == 0
     assert pick(16, fmt="bf16")[0] is False
     monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, "0")  # the Triton tiles beyond the decode blocks
     assert pick(64 * 16, experts=16) == (False, 64) and pick(512 * 16) == (False, 128)
-    assert choice_bm(4096 * 16) == 0  # forced: no choice on the GPU
+    assert choice_bm(32768 * 16) == 0  # forced: no choice on the GPU
     assert pick(16) == (True, 16)  # decode blocks are not its business
-    monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, "32")  # regs blocks at any size
-    assert pick(4096 * 16) == (True, 32)
-    monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, "16")
-    assert pick(8192 * 16) == (True, 16)
-    monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, "64")
-    with pytest.raises(ValueError, match="LMF_PREFILL_REGS='64': expected 0 .*, a block of 16 or 32 rows"):
+    for rows in ("16", "32", "64"):  # regs blocks of these rows at any size
+        monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, rows)
+        assert pick(32768 * 16) == (True, int(rows)) and pick(64 * 16, experts=16) == (True, int(rows))
+    monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, "128")
+    with pytest.raises(ValueError, match="LMF_PREFILL_REGS='128': expected 0 .*, a block of 16 or 32 or 64 rows"):
         pick(8192 * 16)
     monkeypatch.delenv(producer_config.PREFILL_REGS_ENV)
     monkeypatch.setenv("LMF_MXFP4_REGS", "0")
-    assert pick(16)[0] is False and pick(512 * 16) == (False, 128) and choice_bm(4096 * 16) == 0
+    assert pick(16)[0] is False and pick(512 * 16) == (False, 128) and choice_bm(32768 * 16) == 0
 
 
 def test_a_given_regs_config_that_cannot_run_says_why():

@@ -17,7 +17,12 @@ from ..env import env_choice
 from ..mxfp4 import BLOCK as MXFP4_BLOCK
 
 ENV_SWITCH = "LMF_MXFP4_REGS"  # read by producer_config.regs_enabled too (the picked config)
-BLOCK_ROWS = (16, 32)  # rows per expert block the kernels take (the MMA's N)
+BLOCK_ROWS = (16, 32, 64)  # rows per expert block the kernels take (the MMA's N at most; decode: 16, 32)
+# A block runs the MMA with N = 16 or 32 on its first rows where no more of them hold a pair (routed_gemm.
+# _valid_rows). 64-row blocks serve beyond decode: each block dequantises its weights once for twice the rows.
+# H200, Kimi K3 rank, L1 + L2 alone (bench/results/regs_block_rows.md): 64-row blocks (TMA rings, uncapped) against
+# 32-row blocks (L2 on the cp.async ring beyond L2_TMA_MAX_PAIRS) 0.99x at 30 rows per hit expert, 1.09x at 57,
+# 1.14x at 108, 1.21x at 211, 1.26x at 392, 1.25x at 585.
 STEP_K = 128  # k per mainloop step: one 32-block per thread
 # H200: 4 warps beat 8 for L1 (2 accumulators), 8 beat 4 for L2 (bench/results/producer_notes.md, run 6)
 L1_WARPS, L2_WARPS = 4, 8
@@ -33,9 +38,11 @@ WEIGHT_RINGS = {"loads": ("loads", 0), "cp2": ("cp", 2), "cp4": ("cp", 4), "tma"
 L2_TMA_MAX_PAIRS = 2048
 
 
-def default_rings(num_pairs: int) -> tuple[str, str]:
-    """The measured choice of rings (L1, L2) for a call with num_pairs (token, slot) pairs."""
-    return "tma", "tma" if num_pairs <= L2_TMA_MAX_PAIRS else "cp4"
+def default_rings(num_pairs: int, block_m: int = 32) -> tuple[str, str]:
+    """The measured choice of rings (L1, L2) for a call with num_pairs (token, slot) pairs in block_m-row blocks:
+    64-row blocks take the TMA ring for L2 at any size (1.45-1.55x faster than the cp.async ring uncapped, 1.1-1.2x
+    than capped at 128 registers, where it spills 12: regs_block_rows.md)."""
+    return "tma", "tma" if num_pairs <= L2_TMA_MAX_PAIRS or block_m == 64 else "cp4"
 
 
 RING_ENV = "LMF_MXFP4_RING"  # tuning override: a WEIGHT_RINGS name for both kernels, or "L1,L2"
@@ -48,6 +55,8 @@ LOAD_ORDERS = ("auto", "early", "late")
 # token's rare path, spill 2 under the cap). L1's TMA ring takes 128 by itself but spills under an explicit
 # cap of 128 (ptxas), so it runs uncapped.
 L1_MAX_REGISTERS, L2_MAX_REGISTERS = 128, 80
+# 64-row blocks run uncapped: L1 takes 252 registers (2 CTAs per SM), L2 128 on the TMA ring; L2 capped at 80
+# spills 122 registers and ran 1.5-2.1x slower (regs_block_rows.md).
 
 
 # Tuning override of those caps: "L1,L2" (or one value for both), each a register count in 24 .. 255, "none" (uncapped) or "auto"
@@ -73,14 +82,16 @@ def _maxnreg_override() -> tuple[str, str]:
     return parts
 
 
-def max_registers(kernel: str, ring_kind: str) -> int | None:
-    """The maxnreg a register-dequant kernel ("l1" / "l2") is launched with for its ring kind
+def max_registers(kernel: str, ring_kind: str, block_m: int = 32) -> int | None:
+    """The maxnreg a register-dequant kernel ("l1" / "l2") is launched with for its ring kind and block rows
     (MAXNREG_ENV overrides it)."""
     override = _maxnreg_override()[0 if kernel == "l1" else 1]
     if override == "none":
         return None
     if override != "auto":
         return int(override)
+    if block_m == 64:
+        return None
     if kernel == "l1":
         return None if ring_kind == "tma" else L1_MAX_REGISTERS
     return L2_MAX_REGISTERS
@@ -110,7 +121,7 @@ def regs_path_reason(
     if z.dtype != torch.bfloat16:
         return f"activations must be bfloat16, got {z.dtype}"
     if block_m not in BLOCK_ROWS:
-        return f"decode blocks of {' or '.join(map(str, BLOCK_ROWS))} rows only (this batch groups by {block_m})"
+        return f"blocks of {', '.join(map(str, BLOCK_ROWS))} rows only (this batch groups by {block_m})"
     latent, inter = z.shape[1], w2.shape[-1] * 2
     if latent % max(STEP_K, ROW_TILES[1]) or inter % max(STEP_K, ROW_TILES[0]):
         return f"L = {latent} must be a multiple of {max(STEP_K, ROW_TILES[1])} and I = {inter} of {max(STEP_K, ROW_TILES[0])}"
@@ -132,12 +143,12 @@ def split_reason(split: tuple[int, int], latent: int, inter: int) -> str | None:
     return None
 
 
-def weight_rings(num_pairs: int) -> tuple[str, str]:
+def weight_rings(num_pairs: int, block_m: int = 32) -> tuple[str, str]:
     """How L1 and L2 bring their weight words (WEIGHT_RINGS): RING_ENV overrides the measured choice
     (default_rings), with one name for both kernels or "L1,L2"."""
     raw = os.environ.get(RING_ENV, "")
     if not raw:
-        return default_rings(num_pairs)
+        return default_rings(num_pairs, block_m)
     names = _per_kernel(raw)
     if len(names) != 2 or any(n not in WEIGHT_RINGS for n in names):
         raise ValueError(f"{RING_ENV}={raw!r}: expected one of {', '.join(WEIGHT_RINGS)}, or two of them as L1,L2")
@@ -196,14 +207,15 @@ def launch_routed_l1(
     n_rows = num_blocks * block_m
     h_part = act if split == 1 else torch.empty(split, n_rows, 2 * inter, dtype=torch.float32, device=z.device)
     grid = (num_blocks * (inter // (16 * L1_WARPS)) * split,)
-    ring = ring_for(weight_rings(z.shape[0] * top_k)[0] if ring is None else ring, latent // split // STEP_K, split)
+    ring = ring_for(weight_rings(z.shape[0] * top_k, block_m)[0] if ring is None else ring, latent // split // STEP_K,
+                    split)
     kind, stages = WEIGHT_RINGS[ring]
     l1_regs_kernel[grid](
         z, words, w13_scale, sorted_pairs, block_expert, act, h_part, n_rows, inter, latent, latent // 8,
         latent // MXFP4_BLOCK, top_k, words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta),
         _words_descriptor(words, 16 * L1_WARPS, ring, dual=True),
         BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L1_WARPS, SIGNAL=signal, RING=kind, STAGES=stages,
-        ORDER=load_order(), maxnreg=max_registers("l1", kind),
+        ORDER=load_order(), maxnreg=max_registers("l1", kind, block_m),
     )
     if split > 1:
         launch_l1_finish(h_part, block_expert, act, n_rows, inter, h_part, act, 0, inter, beta, lin_beta, block_m,
@@ -226,11 +238,11 @@ def launch_routed_l2(
     words = w2.view(torch.int32)
     split = pairs.shape[0] if pairs.dim() == 3 else 1
     grid = (num_blocks * (latent // (16 * L2_WARPS)) * split,)
-    ring = ring_for(weight_rings(pairs.shape[-2])[1] if ring is None else ring, inter // split // STEP_K, split)
+    ring = ring_for(weight_rings(pairs.shape[-2], block_m)[1] if ring is None else ring, inter // split // STEP_K, split)
     kind, stages = WEIGHT_RINGS[ring]
     l2_regs_kernel[grid](
         act, words, w2_scale, sorted_pairs, block_expert, pairs, pairs.stride(0) if split > 1 else 0, latent, inter,
         inter // 8, inter // MXFP4_BLOCK, words.stride(0), w2_scale.stride(0), _words_descriptor(words, 16 * L2_WARPS, ring, dual=False),
         BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L2_WARPS, PDL=dependent, launch_pdl=dependent, RING=kind,
-        STAGES=stages, ORDER=load_order(), maxnreg=max_registers("l2", kind),
+        STAGES=stages, ORDER=load_order(), maxnreg=max_registers("l2", kind, block_m),
     )

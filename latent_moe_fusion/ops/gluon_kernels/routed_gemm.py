@@ -1,7 +1,8 @@
-"""Routed MXFP4 expert GEMMs for decode with the dequantised weights fed to wgmma from registers.
+"""Routed MXFP4 expert GEMMs with the dequantised weights fed to wgmma from registers (decode, and beyond it while
+the experts hold few enough rows: producer_config.prefill_regs_block_m).
 
-Same schedule and outputs as triton_kernels/expert_gemm.py for blocks of BM = 16 or 32 (token, slot)
-rows: out^T [BN, BM] = W[e, rows, :] @ act^T, the weight the left operand. The Triton kernels stage
+Same schedule and outputs as triton_kernels/expert_gemm.py for blocks of BM = 16, 32 or 64 (token, slot)
+rows (a block's MMA takes N = 16 or 32 where no more of its rows hold a pair): out^T [BN, BM] = W[e, rows, :] @ act^T, the weight the left operand. The Triton kernels stage
 every dequantised tile through shared memory before the MMA (load -> dequant -> store -> barrier ->
 wgmma, latency-bound: bench/results/producer_notes.md, run 5). Here each thread loads the 16
 contiguous bytes of its own fragment (lut_dequant.py: the MMA's k order is permuted so that this holds
@@ -180,13 +181,14 @@ def _l2_rows(act_ptr, w_ptrs, s_ptrs, w_desc, w_row, sorted_ptr, pairs_ptr, slic
 
 
 @gluon.jit
-def _half_block(sorted_ptr, row0, BM: gl.constexpr, NW: gl.constexpr):
-    """True when a 32-row block holds at most 16 valid rows (they come first): then the MMA runs
-    with N = 16 on its first half. Decode batches estimate rows per expert from all (token, slot)
-    pairs, most of which, under expert parallelism, belong to other ranks."""
+def _valid_rows(sorted_ptr, row0, BM: gl.constexpr, NW: gl.constexpr):
+    """How many rows of the block at row0 hold a pair (they come first). A block with at most half of BM (or a
+    quarter) valid runs the MMA with that N on its first rows: decode batches estimate rows per expert from all
+    (token, slot) pairs, most of which, under expert parallelism, belong to other ranks, and an expert's last
+    prefill block is partly empty."""
     rows_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
     valid = gl.load(sorted_ptr + row0 + gl.arange(0, BM, layout=rows_l)) >= 0
-    return gl.sum(valid.to(gl.int32), axis=0) <= BM // 2
+    return gl.sum(valid.to(gl.int32), axis=0)
 
 
 @gluon.jit
@@ -221,13 +223,18 @@ def l1_regs_kernel(
         w_row = (2 * expert, n0)  # the gate and up tiles' box in the [2E, I, K / 8] words
         args = (z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, w_desc, w_row, sorted_ptr, act_ptr, h_part_ptr, n_rows,
                 k_index, blk * BM, n0, inter, K, top_k, beta, lin_beta)
-        if BM == 32:
-            if _half_block(sorted_ptr, blk * BM, BM, NW):
-                _l1_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
-            else:
-                _l1_rows(*args, 32, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
+        if BM == 16:
+            _l1_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
         else:
-            _l1_rows(*args, BM, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
+            valid = _valid_rows(sorted_ptr, blk * BM, BM, NW)
+            if valid <= 16:
+                _l1_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
+            elif BM == 32:
+                _l1_rows(*args, 32, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
+            elif valid <= 32:
+                _l1_rows(*args, 32, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
+            else:
+                _l1_rows(*args, BM, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
 
 
 @gluon.jit
@@ -257,10 +264,15 @@ def l2_regs_kernel(
         w_row = expert * (stride_we // row_words) + n0
         args = (act_ptr, w_ptrs, s_ptrs, w_desc, w_row, sorted_ptr, pairs_ptr, slice_stride, k_index, blk * BM, n0,
                 latent, K)
-        if BM == 32:  # the same test as L1 on the same block: L1 wrote every row this reads
-            if _half_block(sorted_ptr, blk * BM, BM, NW):
+        if BM == 16:
+            _l2_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
+        else:  # the same test as L1 on the same block: L1 wrote every row this reads
+            valid = _valid_rows(sorted_ptr, blk * BM, BM, NW)
+            if valid <= 16:
                 _l2_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
-            else:
+            elif BM == 32:
                 _l2_rows(*args, 32, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
-        else:
-            _l2_rows(*args, BM, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
+            elif valid <= 32:
+                _l2_rows(*args, 32, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
+            else:
+                _l2_rows(*args, BM, BN, BK, NW, SPLIT, RING, STAGES, ORDER)

@@ -50,7 +50,7 @@ class ProducerConfig:
     l1: GemmTiles
     l2: GemmTiles
     dequant: int = DEQUANT_ASM_PAIRS
-    # Routed MXFP4 tiles on the Gluon register-dequant kernels (ops/gluon_kernels; sm_90, 16 or 32-row
+    # Routed MXFP4 tiles on the Gluon register-dequant kernels (ops/gluon_kernels; sm_90, 16, 32 or 64-row
     # blocks): l1 / l2 then shape only the shared expert's tiles.
     routed_regs: bool = False
     # K slices (L1, L2) of the register-dequant kernels (routed_regs only): FP32 partial sums added in
@@ -92,6 +92,7 @@ def interpreting() -> bool:
 
 
 DECODE_PAIRS = 4096  # up to here (M * top_k) every expert holds few rows: stream weights with BM = 16
+DECODE_REGS_BLOCK_M = (16, 32)  # decode blocks the register-dequant kernels take as they are (64: see below)
 
 
 def rows_per_expert(num_pairs: int, num_experts: int) -> float:
@@ -200,8 +201,11 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
         return ProducerConfig(16, GemmTiles(32, 32, 4, 2), GemmTiles(32, 32, 4, 2), DEQUANT_TRITON)
     if num_pairs <= DECODE_PAIRS:
         bm = decode_block_m(num_pairs, num_experts)
-        if weight_format == "mxfp4" and bm not in REGS_BLOCK_M and _is_hopper() and regs_enabled():
-            bm = prefill_regs_block_m(num_pairs, num_experts) or bm  # 64 rows: the regs kernels' blocks instead
+        regs_bm = 0  # rows per block of the register-dequant kernels, where they take the call
+        if weight_format == "mxfp4" and _is_hopper() and regs_enabled():
+            # 64-row decode blocks: the regs kernels' prefill blocks instead (0: the Triton tiles keep 64)
+            regs_bm = bm if bm in DECODE_REGS_BLOCK_M else prefill_regs_block_m(num_pairs, num_experts)
+        bm = regs_bm or bm
         if weight_format == "mxfp4":
             # Dequantisation is ALU work: keep shared memory small (shallow shared-expert tiles) so that
             # several CTAs per SM hide its latency. BM = 16: routed weight tiles by TMA, L1 K tiles of
@@ -212,7 +216,7 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
             # On sm_90 the routed tiles go to the register-dequant kernels (1.3-1.75x faster than these
             # Triton tiles at M = 8 .. 128, producer_notes.md run 6); the tiles below then shape the
             # shared expert's programs, and the routed ones wherever the Gluon kernels cannot take a call.
-            regs = bm in REGS_BLOCK_M and _is_hopper() and regs_enabled()
+            regs = regs_bm > 0
             gemv = regs and routed_gemv_picked(num_pairs)
             # A token's shared expert shapes (K slices, wide gate/up tiles, deeper down tiles) also serve the
             # routed GEMV's few tokens: there, too, the side stream's shared chain is the critical one.
@@ -249,25 +253,36 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
     return ProducerConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(256, 64, 8, 3), dequant)
 
 
-# Beyond the decode blocks of 16 / 32 rows the register-dequant kernels still win with 32-row blocks while an expert
-# holds few rows (each block streams its expert again). H200, Kimi K3 rank (112 local experts, top-16), routed op
-# alone (bench/results/prefill_regs.md and prefill_regs_crossover.md, session 21), by mean rows per hit expert, regs /
-# Triton tiles time: 30 rows (EP8 share, M = 1024) 0.47x, 107 (M = 4096) 0.78x, 211 (M = 8192) 0.94x, 291 (M = 12288)
-# 1.02x, 413 (M = 16384) 1.07x; every id local: 146 rows (M = 1024) 0.73x, 293 (M = 2048) 0.93x, 585 (M = 4096) 1.09x.
+# Beyond the decode blocks of 16 / 32 rows the register-dequant kernels run 64-row blocks: each block dequantises its
+# expert's weights once for up to 64 rows (a block with at most 32 or 16 rows runs the narrower MMA). H200, Kimi K3
+# rank (112 local experts, top-16), routed op alone (bench/results/prefill_regs.md, session 22), regs 64 / Triton
+# tiles speed by mean rows per hit expert: EP8 share 2.06x at 30 rows (M = 1024), 1.42x at 107 (M = 4096), 1.24x at
+# 207 (M = 8192), 1.16x at 396 (M = 16384), 1.10x at 781 (M = 32768); every id local 1.49x at 146 rows (M = 1024),
+# 1.15x at 585 (M = 4096), 1.09x at 1170 (M = 8192), 1.04x at 2341 (M = 16384), 0.99x at 4681 (M = 32768). Against
+# 32-row blocks 1.06-1.24x from 60 rows on (L1 + L2 alone: regs_block_rows.md). Where blocks hold few rows the 32-row
+# kernels win: 64-row blocks' L1 takes 252 registers (2 CTAs per SM) against 155 (3), and an EP share of M = 192 / 256
+# / 512 (7-16 rows) ran 641 / 600 / 719 us against 532 / 505 / 619. Hence 32-row blocks while even the all-local
+# count stays within PREFILL_REGS_FEW_ROWS per expert (M <= 896 at 112 experts; the all-local M = 512, 73 rows, is
+# 5 % slower so), 64-row blocks beyond.
 # Without a host sync the op cannot see how many of its pairs are local: an EP share has ~1/8 of them, tokens
-# dispatched to this rank all of them.
-# So the host takes the regs kernels outright while even the all-local count stays within PREFILL_REGS_MAX_ROWS per
-# expert (M <= 896 at 112 experts), and beyond it lets the GPU pick (PREFILL_CHOICE_MAX_ROWS below).
-PREFILL_REGS_ENV = "LMF_PREFILL_REGS"  # "0": the Triton tiles there; "16" / "32": regs blocks at any size; unset: auto
-PREFILL_REGS_BLOCK_M = 32
-PREFILL_REGS_MAX_ROWS = 128  # pairs per local expert, were every pair local
+# dispatched to this rank all of them. So the host takes the regs kernels outright while even the all-local count
+# stays within PREFILL_REGS_MAX_ROWS per expert (M <= 14336 at 112 experts), and beyond it lets the GPU pick
+# (PREFILL_CHOICE_MAX_ROWS below).
+PREFILL_REGS_ENV = "LMF_PREFILL_REGS"  # "0": the Triton tiles there; "16" / "32" / "64": regs blocks at any size
+PREFILL_REGS_FEW_ROWS = 128  # pairs per local expert, were every pair local: 32-row blocks up to here
+PREFILL_REGS_FEW_BLOCK_M = 32
+PREFILL_REGS_BLOCK_M = 64
+PREFILL_REGS_MAX_ROWS = 2048  # pairs per local expert, were every pair local: the regs kernels outright up to here
 
 
 def prefill_regs_block_m(num_pairs: int, num_experts: int) -> int:
     """Rows per block of the register-dequant kernels where the decode blocks end (0: the Triton tiles)."""
     forced = os.environ.get(PREFILL_REGS_ENV, "")
     if not forced:
-        return PREFILL_REGS_BLOCK_M if rows_per_expert(num_pairs, num_experts) <= PREFILL_REGS_MAX_ROWS else 0
+        rows = rows_per_expert(num_pairs, num_experts)
+        if rows <= PREFILL_REGS_FEW_ROWS:
+            return PREFILL_REGS_FEW_BLOCK_M
+        return PREFILL_REGS_BLOCK_M if rows <= PREFILL_REGS_MAX_ROWS else 0
     if forced not in ("0", *(str(b) for b in REGS_BLOCK_M)):
         raise ValueError(f"{PREFILL_REGS_ENV}={forced!r}: expected 0 (the Triton tiles), a block of "
                          f"{' or '.join(str(b) for b in REGS_BLOCK_M)} rows for the register-dequant kernels, or unset")
@@ -275,12 +290,10 @@ def prefill_regs_block_m(num_pairs: int, num_experts: int) -> int:
 
 
 # Beyond that host-side bound the grouping counts the local pairs on the GPU and takes the regs blocks while the
-# experts it hits hold at most PREFILL_CHOICE_MAX_ROWS rows on average (moe_align_choice.py). Above: EP share, regs
-# won at 211 rows, tied at 291, lost at 413; every id local, won at 293, lost at 585. Both kernel families launch;
-# the unpicked one's programs read their block's expert (-1) and exit: 36 us of dead Triton programs at EP M = 1024,
-# 106 us of dead regs programs at EP M = 16384, where this bound caps the regs grids at 112 x 9 blocks
-# (bench/results/prefill_regs_kernels.md).
-PREFILL_CHOICE_MAX_ROWS = 256
+# experts it hits hold at most PREFILL_CHOICE_MAX_ROWS rows on average (moe_align_choice.py): above, the regs kernels
+# won up to 2341 rows and tied at 4681 (0.99x). Both kernel families launch; the unpicked one's programs read their
+# block's expert (-1) and exit (bench/results/prefill_regs_kernels.md).
+PREFILL_CHOICE_MAX_ROWS = 4096
 
 
 def prefill_device_choice() -> bool:

@@ -1,0 +1,111 @@
+"""The register-dequant kernels in 64-row blocks (MXFP4 beyond decode on sm_90; pytest -m gpu): against the float64
+reference, bitwise equal to 32-row blocks (the same FP32 sums per output element: only the MMA's N changes), every
+output written, the same bits on every weight ring, blocks with 16 / 32 / 64 valid rows all taken, and under
+CUDA-graph capture."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from latent_moe_fusion.ops.gluon_kernels import RING_ENV, WEIGHT_RINGS
+from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
+from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_BLOCK_M, PREFILL_REGS_ENV, pick_config
+from tests.expert_problems import make_problem, rel_l2, tolerance
+from tests.float64_reference import routed64
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                       reason="the register-dequant kernels are sm_90 only"),
+]
+
+KIMI_RANK = dict(latent=3584, inter=3072, num_experts=8, top_k=8, hidden=7168, inter_s=768)
+SMALL = dict(latent=512, inter=256, num_experts=32, top_k=16, hidden=1024, inter_s=128)
+# Rows per expert chosen so that the 64-row blocks hold every count of valid rows the kernels tell apart: <= 16
+# (N = 16 MMA), 17 .. 32 (N = 32), 33 .. 64 (N = 64), across one to three blocks per expert, and experts with none.
+EXPERT_ROWS = {32: (0, 5, 16, 17, 31, 32, 33, 40, 64, 65, 70, 96, 100, 128, 130, 150),
+               8: (5, 17, 33, 64, 0, 70, 100, 130)}  # by the problem's number of experts
+
+
+def _ids_with_rows(m: int, num_experts: int, top_k: int, rows: tuple[int, ...]) -> torch.Tensor:
+    """ids [m, top_k] where expert e (of the first len(rows)) holds rows[e] pairs, each on another token; the other
+    slots point at other ranks' experts (-1)."""
+    ids = torch.full((m, top_k), -1, dtype=torch.int32)
+    used = torch.zeros(m, dtype=torch.int64)
+    for expert, count in enumerate(rows):
+        tokens = torch.argsort(used + torch.rand(m))[:count]  # the emptiest tokens first: one slot each
+        assert count <= m and bool((used[tokens] < top_k).all())
+        ids[tokens, used[tokens]] = expert
+        used[tokens] += 1
+    assert expert < num_experts
+    return ids.cuda()
+
+
+def _run(p, monkeypatch, rows: str, ring: str = "") -> torch.Tensor:
+    monkeypatch.setenv(PREFILL_REGS_ENV, rows)
+    monkeypatch.setenv(RING_ENV, ring)
+    out = torch.full_like(p.z, float("nan"))
+    return run_experts(*p.routed_args(), out=out)
+
+
+def _problem(sizes: dict, m: int, routing: str):
+    p = make_problem(m, weight_format="mxfp4", device="cuda", **({"routing": routing} if routing != "rows" else {}),
+                     **sizes)
+    if routing == "rows":
+        experts = sizes["num_experts"]
+        p.topk_ids.copy_(_ids_with_rows(m, experts, sizes["top_k"], EXPERT_ROWS[experts]))
+    return p
+
+
+# All of them beyond PREFILL_REGS_FEW_ROWS pairs per expert were every pair local (the 64-row blocks' sizes):
+# SMALL from 257 tokens on (decode sizes up to 256), KIMI_RANK (8 experts, top-8) from 129.
+CASES = [(SMALL, 300, "rows"), (SMALL, 600, "random"), (SMALL, 600, "few_experts"), (SMALL, 600, "one_expert"),
+         (KIMI_RANK, 160, "rows"), (KIMI_RANK, 200, "random")]
+
+
+@pytest.mark.parametrize("sizes,m,routing", CASES,
+                         ids=[f"{'kimi' if s is KIMI_RANK else 'small'}-m{m}-{r}" for s, m, r in CASES])
+def test_64_row_blocks_match_float64_and_32_row_blocks_bitwise(sizes, m, routing, monkeypatch, rng_seed):
+    p = _problem(sizes, m, routing)
+    monkeypatch.setenv(PREFILL_REGS_ENV, "")
+    cfg = pick_config(p.topk_ids.numel(), "mxfp4", torch.bfloat16, sizes["num_experts"])
+    assert cfg.routed_regs and cfg.bm == PREFILL_REGS_BLOCK_M == 64  # the default beyond the decode blocks
+    y = _run(p, monkeypatch, "")
+    assert torch.isfinite(y).all()  # every element written over the NaN poison
+    assert rel_l2(y, routed64(*p.routed_args())) < tolerance(torch.bfloat16)
+    assert torch.equal(y, _run(p, monkeypatch, "64"))
+    assert torch.equal(y, _run(p, monkeypatch, "32"))  # same sums per element, only the MMA's N differs
+    assert torch.equal(y, _run(p, monkeypatch, ""))  # bitwise repeatable
+
+
+@pytest.mark.parametrize("ring", list(WEIGHT_RINGS))
+def test_64_row_blocks_give_the_same_bits_on_every_weight_ring(ring, monkeypatch, rng_seed):
+    p = _problem(KIMI_RANK, 160, "rows")
+    assert torch.equal(_run(p, monkeypatch, "64", ring), _run(p, monkeypatch, "64"))
+
+
+def test_64_row_blocks_replay_fresh_ids_in_a_cuda_graph(monkeypatch, rng_seed):
+    p = _problem(SMALL, 600, "random")
+    monkeypatch.setenv(PREFILL_REGS_ENV, "")
+    run_experts(*p.routed_args())  # compile outside the capture
+    torch.cuda.synchronize()
+    out = torch.full_like(p.z, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run_experts(*p.routed_args(), out=out)
+    for routing in ("rows", "few_experts", "random"):
+        fresh = _problem(SMALL, 600, routing)
+        for name in ("z", "topk_ids", "topk_weights"):
+            getattr(p, name).copy_(getattr(fresh, name))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, _run(p, monkeypatch, "")), routing
+        assert rel_l2(out, routed64(*p.routed_args())) < tolerance(torch.bfloat16), routing
+
+
+def test_opcheck_on_64_row_blocks(monkeypatch, rng_seed):
+    monkeypatch.setenv(PREFILL_REGS_ENV, "")
+    p = _problem(SMALL, 600, "random")
+    torch.library.opcheck(torch.ops.lmf.routed_experts.default, p.routed_args())
