@@ -25,7 +25,7 @@ pytestmark = [
                        reason="the register-dequant kernels are sm_90 only"),
 ]
 
-# 32 local experts, top-16: beyond the host-side bound from M = 4097 on (more than 2048 pairs per expert were every
+# 32 local experts, top-16: beyond the host-side bound from M = 8193 on (more than 4096 pairs per expert were every
 # pair local), so the size here picks on the GPU: an EP share (~528 rows per hit expert) the regs blocks, every id
 # local (4224 rows) the Triton tiles.
 SIZES = dict(latent=512, inter=256, num_experts=32, top_k=16, hidden=1024, inter_s=128)

@@ -83,7 +83,7 @@ def test_routed_regs_for_mxfp4_on_hopper_while_experts_hold_few_rows(hopper, mon
     few = producer_config.PREFILL_REGS_FEW_ROWS * LOCAL_EXPERTS  # pairs, were every one local: M = 896 at top-16
     assert pick(512 * 16) == pick(few) == (True, 32)  # up to here 32-row blocks, beyond 64-row ones
     assert pick(few + 16) == pick(1024 * 16) == (True, 64) and pick(160 * 16, experts=16) == (True, 64)
-    most = producer_config.PREFILL_REGS_MAX_ROWS * LOCAL_EXPERTS  # pairs, were every one local: M = 14336 at top-16
+    most = producer_config.PREFILL_REGS_MAX_ROWS * LOCAL_EXPERTS  # pairs, were every one local: M = 28672 at top-16
     assert pick(most) == (True, producer_config.PREFILL_REGS_BLOCK_M) == (True, 64)
     assert pick(most + 16) == (False, 128) and pick(32768 * 16) == (False, 128)  # beyond: the Triton tiles ...
     choice = producer_config.PREFILL_REGS_BLOCK_M  # ... or the regs blocks, picked on the GPU by the local rows

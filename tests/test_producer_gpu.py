@@ -39,9 +39,11 @@ def _poisoned_run(p, config=None, shared=True):
 
 @pytest.mark.parametrize("weight_format", ["bf16", "mxfp4"])
 @pytest.mark.parametrize("routing", ["random", "one_expert", "few_experts", "none"])
-# 300 * 16 pairs: the prefill tiles (BM = 128; 150 pairs per expert: beyond the register-dequant kernels' default
-# bound), and with LMF_PREFILL_REGS=32 those kernels' 32-row blocks (MXFP4 on Hopper); 600: the spread grouping
-@pytest.mark.parametrize("m, prefill_regs", [(1, ""), (13, ""), (300, ""), (600, ""), (300, "32"), (600, "32")])
+# MXFP4 on Hopper: 300 * 16 pairs (150 per expert were every pair local) and 600 * 16 the register-dequant kernels'
+# 64-row blocks by default, their 32-row blocks with LMF_PREFILL_REGS=32, the Triton prefill tiles (BM = 128) with
+# LMF_PREFILL_REGS=0; 600: the spread grouping
+@pytest.mark.parametrize("m, prefill_regs", [(1, ""), (13, ""), (300, ""), (600, ""), (300, "0"), (600, "0"),
+                                             (600, "32")])
 def test_routed_op_matches_reference(weight_format, routing, m, prefill_regs, monkeypatch, rng_seed):
     monkeypatch.setenv(PREFILL_REGS_ENV, prefill_regs)
     p = make_problem(m, weight_format=weight_format, routing=routing, device="cuda", **MID)
@@ -209,3 +211,22 @@ def test_out_of_range_ids_on_cuda_raise_after_the_deferred_check(op, rng_seed):
     with pytest.raises(LmfInputError, match=f"topk_ids holds expert id {num_experts} but w13 has only {num_experts}"):
         getattr(torch.ops.lmf, op)(*args)
     torch.cuda.synchronize()  # and the kernels that ran on the bad ids left the device usable
+
+
+@pytest.mark.parametrize("routing", ["random", "few_experts"])
+def test_in_line_shared_gemms_first_or_after_l1_give_the_same_bits(routing, monkeypatch, rng_seed):
+    """At prefill sizes the producer launches its library shared GEMMs before the routed grouping (the default) or
+    after the routed L1: the same kernels on one stream, so the same bits; both within tolerance of the reference."""
+    from latent_moe_fusion.ops.triton_kernels.expert_schedule import SHARED_IN_LINE_ENV, in_line_library_first
+
+    p = make_problem(300, weight_format="mxfp4", routing=routing, device="cuda", **KIMI_RANK)
+    outs = {}
+    for order in ("first", "after_l1"):
+        monkeypatch.setenv(SHARED_IN_LINE_ENV, order)
+        outs[order] = torch.ops.lmf.moe_shared_producer(*p.producer_args())
+    monkeypatch.delenv(SHARED_IN_LINE_ENV)
+    assert in_line_library_first(300)
+    assert all(torch.equal(a, b) for a, b in zip(outs["first"], outs["after_l1"], strict=True))
+    y_ref, s_ref = p.reference_producer()
+    assert rel_l2(outs["first"][0], y_ref) < tolerance(torch.bfloat16)
+    assert rel_l2(outs["first"][1].view_as(s_ref), s_ref) < tolerance(torch.bfloat16)

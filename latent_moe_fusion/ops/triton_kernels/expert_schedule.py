@@ -143,6 +143,24 @@ GRID_SHARED_STRATEGIES = ("grid", "cublas")
 GRID_SHARED_MAX_TOKENS = 256  # prefill beyond: cuBLAS (measured at 4096); decode sizes keep one launch
 
 
+SHARED_IN_LINE_ENV = "LMF_SHARED_IN_LINE"  # A/B switch for the in-line library GEMMs: "first" | "after_l1"
+SHARED_IN_LINE_CHOICES = ("first", "after_l1")
+SHARED_IN_LINE_FIRST_MIN_TOKENS = GRID_SHARED_MAX_TOKENS + 1  # prefill: outside CUDA graphs
+
+
+def in_line_library_first(m_s: int) -> bool:
+    """Whether the shared expert's in-line library GEMMs go before the routed grouping ("first") rather than right
+    after the routed L1 launch ("after_l1"). Outside CUDA graphs the host launches the grouping's kernels and L1
+    while the GPU may have little queued: with the shared GEMMs (~0.2 ms of GPU at M = 4096) queued first, the GPU
+    computes them meanwhile. H200 block at M = 4096, one compile (bench/results/shared_in_line_order.md): first
+    2973 against 2998 us back to back (a first A/B in session 22). The same kernels on one stream: the same bits.
+    Decode sizes (in CUDA graphs, no host gaps) keep the order they were tuned with. SHARED_IN_LINE_ENV forces."""
+    forced = env_choice(SHARED_IN_LINE_ENV, SHARED_IN_LINE_CHOICES, "where the in-line shared GEMMs go")
+    if forced:
+        return forced == "first"
+    return m_s >= SHARED_IN_LINE_FIRST_MIN_TOKENS
+
+
 def _forced(env: str, choices: tuple[str, ...]) -> str | None:
     """The placement an environment variable forces (None when unset); an unknown one raises."""
     return env_choice(env, choices, "where the shared expert runs")
@@ -304,6 +322,20 @@ def run_experts(
         split2 = 1  # the Triton L2 then holds only shared tiles, which are never split
     pairs_shape = (max(num_pairs, 1), latent) if pair_slices == 1 else (pair_slices, max(num_pairs, 1), latent)
     pairs = torch.empty(pairs_shape, dtype=torch.float32, device=dev)
+    shared_how = "none"
+    if shared is not None and shared.x_s.shape[0] > 0:
+        beside = regs or (gemv and z.is_cuda)  # the Triton grids hold no routed tiles: place the shared expert
+        shared_how = shared_strategy(shared.x_s.shape[0]) if beside else grid_shared_strategy(shared.x_s.shape[0])
+
+    def shared_as_library() -> None:
+        shared_by_library(shared.x_s, shared.w1_s, shared.w3_s, shared.w2_s, shared.out, beta, lin_beta)
+
+    # The in-line library GEMMs: before the grouping at prefill sizes (in_line_library_first), else right after the
+    # routed L1 launch (in_line_library).
+    library_first = shared_how == "cublas" and in_line_library_first(shared.x_s.shape[0])
+    if library_first:
+        shared_as_library()
+    in_line_library = shared_how == "cublas" and not library_first
     # The grouping goes first where the Triton grids hold routed tiles, and beside the register-dequant
     # kernels from 2 tokens on: run beside the shared GEMMs, its one program slowed from 2.7 to 5.7-13 us
     # at M = 8 on the routed chain, the critical one there (H200 block, group first: 111.0 / 148.7 /
@@ -334,10 +366,6 @@ def run_experts(
     w13s, s13_e, s13_n, s13s_e, s13s_n = _weight_strides(w13, w13_scale)
     w2s, s2_e, s2_n, s2s_e, s2s_n = _weight_strides(w2, w2_scale)
 
-    shared_how = "none"
-    if shared is not None and shared.x_s.shape[0] > 0:
-        beside = regs or (gemv and z.is_cuda)  # the Triton grids hold no routed tiles: place the shared expert
-        shared_how = shared_strategy(shared.x_s.shape[0]) if beside else grid_shared_strategy(shared.x_s.shape[0])
     if shared_how in ("side", "grid"):
         x_s, w1_s, w3_s, w2_s, s_out = shared.x_s, shared.w1_s, shared.w3_s, shared.w2_s, shared.out
         m_s, hidden = x_s.shape
@@ -367,12 +395,6 @@ def run_experts(
     side = _side_stream(dev) if shared_how in ("side", "cublas_side") else None
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(dev))
-    def shared_as_library() -> None:
-        shared_by_library(shared.x_s, shared.w1_s, shared.w3_s, shared.w2_s, shared.out, beta, lin_beta)
-
-    # In line, the library GEMMs go right after the routed L1 launch: outside CUDA graphs (prefill) the
-    # GPU then runs L1 while the host spends ~0.2 ms launching them, instead of idling before L1.
-    in_line_library = shared_how == "cublas"
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         if shared_how == "cublas_side":
             shared_as_library()

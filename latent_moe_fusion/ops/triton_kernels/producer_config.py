@@ -266,13 +266,13 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
 # 5 % slower so), 64-row blocks beyond.
 # Without a host sync the op cannot see how many of its pairs are local: an EP share has ~1/8 of them, tokens
 # dispatched to this rank all of them. So the host takes the regs kernels outright while even the all-local count
-# stays within PREFILL_REGS_MAX_ROWS per expert (M <= 14336 at 112 experts), and beyond it lets the GPU pick
-# (PREFILL_CHOICE_MAX_ROWS below).
+# stays within PREFILL_REGS_MAX_ROWS per expert (M <= 28672 at 112 experts; the tiles' margin is gone at 4681 rows),
+# and beyond it lets the GPU pick by the same bound (PREFILL_CHOICE_MAX_ROWS below).
 PREFILL_REGS_ENV = "LMF_PREFILL_REGS"  # "0": the Triton tiles there; "16" / "32" / "64": regs blocks at any size
 PREFILL_REGS_FEW_ROWS = 128  # pairs per local expert, were every pair local: 32-row blocks up to here
 PREFILL_REGS_FEW_BLOCK_M = 32
 PREFILL_REGS_BLOCK_M = 64
-PREFILL_REGS_MAX_ROWS = 2048  # pairs per local expert, were every pair local: the regs kernels outright up to here
+PREFILL_REGS_MAX_ROWS = 4096  # pairs per local expert, were every pair local: the regs kernels outright up to here
 
 
 def prefill_regs_block_m(num_pairs: int, num_experts: int) -> int:
@@ -292,7 +292,8 @@ def prefill_regs_block_m(num_pairs: int, num_experts: int) -> int:
 # Beyond that host-side bound the grouping counts the local pairs on the GPU and takes the regs blocks while the
 # experts it hits hold at most PREFILL_CHOICE_MAX_ROWS rows on average (moe_align_choice.py): above, the regs kernels
 # won up to 2341 rows and tied at 4681 (0.99x). Both kernel families launch; the unpicked one's programs read their
-# block's expert (-1) and exit (bench/results/prefill_regs_kernels.md).
+# block's expert (-1) and exit: the default ran 0.96x the forced regs kernels at an EP share of M = 16384 (a run with
+# the host bound at 2048; bench/results/prefill_regs_kernels.md has the dead programs).
 PREFILL_CHOICE_MAX_ROWS = 4096
 
 
