@@ -152,8 +152,9 @@ def in_line_library_first(m_s: int) -> bool:
     """Whether the shared expert's in-line library GEMMs go before the routed grouping ("first") rather than right
     after the routed L1 launch ("after_l1"). Outside CUDA graphs the host launches the grouping's kernels and L1
     while the GPU may have little queued: with the shared GEMMs (~0.2 ms of GPU at M = 4096) queued first, the GPU
-    computes them meanwhile. H200 block at M = 4096, one compile (bench/results/shared_in_line_order.md): first
-    2973 against 2998 us back to back (a first A/B in session 22). The same kernels on one stream: the same bits.
+    computes them meanwhile. H200 block at M = 4096, one compile per A/B, back to back (session 22): first 2973 /
+    3015 against 2998 / 3025 us in two A/Bs (bench/results/shared_in_line_order.md the second; the rounds' ranges
+    overlap): at most 10-25 us. The same kernels on one stream: the same bits.
     Decode sizes (in CUDA graphs, no host gaps) keep the order they were tuned with. SHARED_IN_LINE_ENV forces."""
     forced = env_choice(SHARED_IN_LINE_ENV, SHARED_IN_LINE_CHOICES, "where the in-line shared GEMMs go")
     if forced:

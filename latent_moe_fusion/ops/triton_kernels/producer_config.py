@@ -255,7 +255,7 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
 
 # Beyond the decode blocks of 16 / 32 rows the register-dequant kernels run 64-row blocks: each block dequantises its
 # expert's weights once for up to 64 rows (a block with at most 32 or 16 rows runs the narrower MMA). H200, Kimi K3
-# rank (112 local experts, top-16), routed op alone (bench/results/prefill_regs.md, session 22), regs 64 / Triton
+# rank (112 local experts, top-16), routed op alone (bench/results/prefill_regs_run1.md, session 22), regs 64 / Triton
 # tiles speed by mean rows per hit expert: EP8 share 2.06x at 30 rows (M = 1024), 1.42x at 107 (M = 4096), 1.24x at
 # 207 (M = 8192), 1.16x at 396 (M = 16384), 1.10x at 781 (M = 32768); every id local 1.49x at 146 rows (M = 1024),
 # 1.15x at 585 (M = 4096), 1.09x at 1170 (M = 8192), 1.04x at 2341 (M = 16384), 0.99x at 4681 (M = 32768). Against
@@ -291,9 +291,9 @@ def prefill_regs_block_m(num_pairs: int, num_experts: int) -> int:
 
 # Beyond that host-side bound the grouping counts the local pairs on the GPU and takes the regs blocks while the
 # experts it hits hold at most PREFILL_CHOICE_MAX_ROWS rows on average (moe_align_choice.py): above, the regs kernels
-# won up to 2341 rows and tied at 4681 (0.99x). Both kernel families launch; the unpicked one's programs read their
-# block's expert (-1) and exit: the default ran 0.96x the forced regs kernels at an EP share of M = 16384 (a run with
-# the host bound at 2048; bench/results/prefill_regs_kernels.md has the dead programs).
+# won up to 2341 rows and tied at 4681 (0.99x there, 1.02x in prefill_regs.md). Both kernel families launch; the
+# unpicked one's programs read their block's expert (-1) and exit: at an EP share of M = 32768 the default ran 0.97x
+# the forced regs kernels (prefill_regs.md; prefill_regs_kernels.md has the dead programs).
 PREFILL_CHOICE_MAX_ROWS = 4096
 
 
