@@ -49,6 +49,8 @@ BENCHMARKS = (
                             "swap_tma:32x64x256/w4/st4/s2", "swap_tma:64x64x128/w4/st6/s2"), None),  # alone vs cuBLAS
     ("prefill_tiles.py", (), None),  # prefill routed GEMM tile candidates and the spread token grouping
     ("prefill_regs.py", (), None),  # the routed op beyond decode: Triton tiles, register-dequant kernels, the GPU's pick
+    ("regs_block_rows.py", (), None),  # the register-dequant L1 / L2 in 32- and 64-row blocks, rings and caps
+    ("shared_in_line_order.py", (), None),  # the producer's in-line shared GEMMs before the grouping or after L1
     ("decode_tuning.py", (), None),  # decode knobs (PDL sites, prefetch, shared-expert programs, ...) on the block
     ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "128", "--knobs", "LMF_SHARED_FIRST", "--rounds",
                           "5", "--name", "decode_tuning_shared_first"), None),  # lmf::route_and_produce's schedule
