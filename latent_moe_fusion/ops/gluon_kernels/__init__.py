@@ -21,8 +21,8 @@ BLOCK_ROWS = (16, 32, 64)  # rows per expert block the kernels take (the MMA's N
 # A block runs the MMA with N = 16 or 32 on its first rows where no more of them hold a pair (routed_gemm.
 # _valid_rows). 64-row blocks serve beyond decode: each block dequantises its weights once for twice the rows.
 # H200, Kimi K3 rank, L1 + L2 alone (bench/results/regs_block_rows.md): 64-row blocks (TMA rings, uncapped) against
-# 32-row blocks (L2 on the cp.async ring beyond L2_TMA_MAX_PAIRS) 0.99x at 30 rows per hit expert, 1.09x at 57,
-# 1.14x at 108, 1.21x at 211, 1.26x at 392, 1.25x at 585.
+# 32-row blocks (L2 on the cp.async ring beyond L2_TMA_MAX_PAIRS) 0.98x at 30 rows per hit expert, 1.09x at 57,
+# 1.14x at 108, 1.20x at 211, 1.27x at 392 (EP share), 1.15x at 146, 1.27x at 293, 1.25x at 585 (all local).
 STEP_K = 128  # k per mainloop step: one 32-block per thread
 # H200: 4 warps beat 8 for L1 (2 accumulators), 8 beat 4 for L2 (bench/results/producer_notes.md, run 6)
 L1_WARPS, L2_WARPS = 4, 8
@@ -40,7 +40,7 @@ L2_TMA_MAX_PAIRS = 2048
 
 def default_rings(num_pairs: int, block_m: int = 32) -> tuple[str, str]:
     """The measured choice of rings (L1, L2) for a call with num_pairs (token, slot) pairs in block_m-row blocks:
-    64-row blocks take the TMA ring for L2 at any size (1.45-1.55x faster than the cp.async ring uncapped, 1.1-1.2x
+    64-row blocks take the TMA ring for L2 at any size (1.4-1.6x faster than the cp.async ring uncapped, 1.1-1.25x
     than capped at 128 registers, where it spills 12: regs_block_rows.md)."""
     return "tma", "tma" if num_pairs <= L2_TMA_MAX_PAIRS or block_m == 64 else "cp4"
 
@@ -56,7 +56,7 @@ LOAD_ORDERS = ("auto", "early", "late")
 # cap of 128 (ptxas), so it runs uncapped.
 L1_MAX_REGISTERS, L2_MAX_REGISTERS = 128, 80
 # 64-row blocks run uncapped: L1 takes 252 registers (2 CTAs per SM), L2 128 on the TMA ring; L2 capped at 80
-# spills 122 registers and ran 1.5-2.1x slower (regs_block_rows.md).
+# spills 122 registers and ran 1.6-2.3x slower (regs_block_rows.md).
 
 
 # Tuning override of those caps: "L1,L2" (or one value for both), each a register count in 24 .. 255, "none" (uncapped) or "auto"

@@ -11,9 +11,10 @@ Every size that shapes a grid or buffer is known on the host; nothing reads devi
 Beyond GRID_SHARED_MAX_TOKENS the shared expert runs as cuBLAS GEMMs between the two grids instead
 (grid_shared_strategy).
 
-MXFP4 beyond decode on sm_90 (ProducerConfig.device_choice_bm): the grouping picks on the GPU between the Triton
-tiles and the register-dequant kernels' 32-row blocks (moe_align_choice.py); both families' L1 and L2 launch, and the
-unpicked one's programs exit on their unused blocks.
+MXFP4 beyond decode on sm_90: the register-dequant kernels in 32- or 64-row blocks, taken by the host while every pair
+counted as local leaves at most producer_config.PREFILL_REGS_MAX_ROWS rows per expert; beyond, the grouping picks on
+the GPU between the Triton tiles and the 64-row blocks (ProducerConfig.device_choice_bm, moe_align_choice.py): both
+families' L1 and L2 launch, and the unpicked one's programs exit on their unused blocks.
 
 MXFP4 decode on sm_90: one to four tokens' routed experts run on CUDA-core GEMV kernels (routed_gemv.py:
 L1 and L2 per (token, slot) pair, no grouping, then 4.), more tokens' routed tiles of 2 and 3 on the Gluon

@@ -1,6 +1,6 @@
 """Expert grouping that picks its block size on the GPU (no host sync, capture-safe).
 
-Beyond the decode sizes, the register-dequant kernels in small (32-row) blocks beat the Triton prefill tiles
+Beyond the decode sizes, the register-dequant kernels in small (64-row) blocks beat the Triton prefill tiles
 (128-row blocks) while each local expert holds few rows: every small block streams its expert's weights again.
 How many rows that is depends on how many of the batch's ids belong to this rank's experts, which the host cannot
 see without reading the ids back. This grouping counts them on the GPU and groups the pairs for one block size

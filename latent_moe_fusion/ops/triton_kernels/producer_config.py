@@ -256,14 +256,14 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
 # Beyond the decode blocks of 16 / 32 rows the register-dequant kernels run 64-row blocks: each block dequantises its
 # expert's weights once for up to 64 rows (a block with at most 32 or 16 rows runs the narrower MMA). H200, Kimi K3
 # rank (112 local experts, top-16), routed op alone (bench/results/prefill_regs_run1.md, session 22), regs 64 / Triton
-# tiles speed by mean rows per hit expert: EP8 share 2.06x at 30 rows (M = 1024), 1.42x at 107 (M = 4096), 1.24x at
-# 207 (M = 8192), 1.16x at 396 (M = 16384), 1.10x at 781 (M = 32768); every id local 1.49x at 146 rows (M = 1024),
-# 1.15x at 585 (M = 4096), 1.09x at 1170 (M = 8192), 1.04x at 2341 (M = 16384), 0.99x at 4681 (M = 32768). Against
-# 32-row blocks 1.06-1.24x from 60 rows on (L1 + L2 alone: regs_block_rows.md). Where blocks hold few rows the 32-row
-# kernels win: 64-row blocks' L1 takes 252 registers (2 CTAs per SM) against 155 (3), and an EP share of M = 192 / 256
-# / 512 (7-16 rows) ran 641 / 600 / 719 us against 532 / 505 / 619. Hence 32-row blocks while even the all-local
-# count stays within PREFILL_REGS_FEW_ROWS per expert (M <= 896 at 112 experts; the all-local M = 512, 73 rows, is
-# 5 % slower so), 64-row blocks beyond.
+# tiles speed by mean rows per hit expert: EP8 share 2.13x at 30 rows (M = 1024), 1.47x at 107 (M = 4096), 1.27x at
+# 207 (M = 8192), 1.17x at 396 (M = 16384), 1.10x at 781 (M = 32768); every id local 1.53x at 146 rows (M = 1024),
+# 1.15x at 585 (M = 4096), 1.10x at 1170 (M = 8192), 1.03x at 2341 (M = 16384), 0.99x at 4681 (M = 32768). Against
+# 32-row blocks 1.07-1.31x from 60 rows on (L1 + L2 alone 1.09-1.27x: regs_block_rows.md). Where blocks hold few
+# rows the 32-row kernels win: 64-row blocks' L1 takes 252 registers (2 CTAs per SM) against 155 (3), and an EP
+# share of M = 192 / 256 / 512 (7-16 rows) ran 442 / 539 / 764 us against 413 / 499 / 638. Hence 32-row blocks while
+# even the all-local count stays within PREFILL_REGS_FEW_ROWS per expert (M <= 896 at 112 experts; the all-local
+# M = 512, 73 rows, is 8 % slower so), 64-row blocks beyond.
 # Without a host sync the op cannot see how many of its pairs are local: an EP share has ~1/8 of them, tokens
 # dispatched to this rank all of them. So the host takes the regs kernels outright while even the all-local count
 # stays within PREFILL_REGS_MAX_ROWS per expert (M <= 28672 at 112 experts; the tiles' margin is gone at 4681 rows),
