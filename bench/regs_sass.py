@@ -61,7 +61,7 @@ def compile_sm90(which: str, split: int = 1, ring: str = "loads", order: str = "
     sig = dict(sig, w_desc=desc, BM="constexpr", BK="constexpr", SPLIT="constexpr", num_warps="constexpr",
                RING="constexpr", STAGES="constexpr", ORDER="constexpr")
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    cap = gk.max_registers(which, kind)
+    cap = gk.max_registers(which, kind, bm)
     options = {"num_warps": warps} | ({"maxnreg": cap} if cap else {})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
@@ -106,13 +106,16 @@ def main() -> None:
     # load order (gluon_kernels.LOAD_ORDERS; "auto" is late there), and L2 on its TMA ring
     rows += [loop_stats("l1", 1, "tma", order, 32) for order in ("early", "late")]
     rows.append(loop_stats("l2", 1, "tma", "auto", 32))
+    # 64-row blocks (beyond decode; the kernels hold 16-, 32- and 64-row MMA paths, the loop counted is the longest):
+    # both on the TMA ring, uncapped (gluon_kernels.max_registers, default_rings)
+    rows += [loop_stats(w, 1, "tma", "auto", 64) for w in ("l1", "l2")]
     for r in rows:
         print(r, flush=True)
     lines = [f"# Gluon register-dequant kernels: static SASS of the main loop (sm_90, triton {triton.__version__})", "",
              f"L = {LATENT}, I = {INTER}, {BM}-row blocks unless said, k step {gk.STEP_K}; compiled on a CPU machine, not timed. "
              "Counts per k step (the ring loops are unrolled by their stages; `top` counts the whole loop). "
              f"Register caps as launched (gluon_kernels.max_registers: L1 {gk.L1_MAX_REGISTERS} but its TMA ring "
-             f"uncapped, L2 {gk.L2_MAX_REGISTERS}); spills: local loads and "
+             f"uncapped, L2 {gk.L2_MAX_REGISTERS}; 64-row blocks uncapped); spills: local loads and "
              "stores anywhere in the kernel. Triton's lut + tma loop for comparison: 4.97 (L1) and 6.98 (L2) "
              "instructions per weight element, plus a shared-memory round trip of every dequantised tile "
              "(dequant_sass.md).", "",
