@@ -12,15 +12,9 @@ from latent_moe_fusion.ops.triton_kernels.expert_schedule import SHARED_ENV, Sha
 from latent_moe_fusion.ops.triton_kernels.producer_config import decode_block_m
 from tests.expert_problems import BETA, EPS, LIN_BETA, make_problem, rel_l2, tolerance
 from tests.float64_reference import routed64
+from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                       reason="the register-dequant kernels are sm_90 only"),
-]
-
-KIMI_RANK = dict(latent=3584, inter=3072, num_experts=8, top_k=8, hidden=7168, inter_s=768)
-SMALL = dict(latent=512, inter=256, num_experts=32, top_k=16, hidden=1024, inter_s=128)
+pytestmark = SM90_ONLY
 
 
 def _run(p, shared: bool, monkeypatch, regs: bool):

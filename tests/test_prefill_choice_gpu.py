@@ -18,17 +18,14 @@ from latent_moe_fusion.ops.triton_kernels.producer_config import (
 )
 from tests.expert_problems import make_problem, rel_l2, tolerance
 from tests.float64_reference import routed64
+from tests.regs_gpu import SM90_ONLY, SMALL, capture_routed, replay_on
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                       reason="the register-dequant kernels are sm_90 only"),
-]
+pytestmark = SM90_ONLY
 
 # 32 local experts, top-16: beyond the host-side bound from M = 8193 on (more than 4096 pairs per expert were every
 # pair local), so the size here picks on the GPU: an EP share (~528 rows per hit expert) the regs blocks, every id
 # local (4224 rows) the Triton tiles.
-SIZES = dict(latent=512, inter=256, num_experts=32, top_k=16, hidden=1024, inter_s=128)
+SIZES = SMALL
 M = 8448  # 135168 pairs
 REGS = str(PREFILL_REGS_BLOCK_M)  # the forced setting that runs the regs blocks the GPU picks
 assert M * SIZES["top_k"] > PREFILL_REGS_MAX_ROWS * SIZES["num_experts"]
@@ -87,19 +84,9 @@ def test_a_given_grouping_choice_is_used(monkeypatch, rng_seed):
 def test_the_pick_follows_the_replayed_ids_in_a_cuda_graph(monkeypatch, rng_seed):
     p = _problem("ep_share")
     monkeypatch.setenv(PREFILL_REGS_ENV, "")
-    run_experts(*p.routed_args())  # compile outside the capture
-    torch.cuda.synchronize()
-    out = torch.full_like(p.z, float("nan"))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run_experts(*p.routed_args(), out=out)
+    graph, out = capture_routed(p)
     for routing, forced in (("all_local", "0"), ("ep_share", REGS)):  # captured on an EP share: both picks replay
-        fresh = _problem(routing)
-        for name in ("z", "topk_ids", "topk_weights"):
-            getattr(p, name).copy_(getattr(fresh, name))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
+        replay_on(graph, out, p, _problem(routing))
         assert torch.equal(out, _run(p, monkeypatch, forced)), routing
         assert rel_l2(out, p.reference_routed()) < tolerance(torch.bfloat16)
 

@@ -13,15 +13,10 @@ from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
 from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_BLOCK_M, PREFILL_REGS_ENV, pick_config
 from tests.expert_problems import make_problem, rel_l2, tolerance
 from tests.float64_reference import routed64
+from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL, capture_routed, replay_on
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                       reason="the register-dequant kernels are sm_90 only"),
-]
+pytestmark = SM90_ONLY
 
-KIMI_RANK = dict(latent=3584, inter=3072, num_experts=8, top_k=8, hidden=7168, inter_s=768)
-SMALL = dict(latent=512, inter=256, num_experts=32, top_k=16, hidden=1024, inter_s=128)
 # Rows per expert chosen so that the 64-row blocks hold every count of valid rows the kernels tell apart: <= 16
 # (N = 16 MMA), 17 .. 32 (N = 32), 33 .. 64 (N = 64), across one to three blocks per expert, and experts with none.
 EXPERT_ROWS = {32: (0, 5, 16, 17, 31, 32, 33, 40, 64, 65, 70, 96, 100, 128, 130, 150),
@@ -88,19 +83,9 @@ def test_64_row_blocks_give_the_same_bits_on_every_weight_ring(ring, monkeypatch
 def test_64_row_blocks_replay_fresh_ids_in_a_cuda_graph(monkeypatch, rng_seed):
     p = _problem(SMALL, 600, "random")
     monkeypatch.setenv(PREFILL_REGS_ENV, "")
-    run_experts(*p.routed_args())  # compile outside the capture
-    torch.cuda.synchronize()
-    out = torch.full_like(p.z, float("nan"))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run_experts(*p.routed_args(), out=out)
+    graph, out = capture_routed(p)
     for routing in ("rows", "few_experts", "random"):
-        fresh = _problem(SMALL, 600, routing)
-        for name in ("z", "topk_ids", "topk_weights"):
-            getattr(p, name).copy_(getattr(fresh, name))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
+        replay_on(graph, out, p, _problem(SMALL, 600, routing))
         assert torch.equal(out, _run(p, monkeypatch, "")), routing
         assert rel_l2(out, routed64(*p.routed_args())) < tolerance(torch.bfloat16), routing
 

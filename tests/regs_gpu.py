@@ -1,0 +1,38 @@
+"""What the register-dequant kernels' GPU tests share: the sm_90 marks, two problem sizes, and the routed op captured
+in a CUDA graph and replayed on fresh inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
+
+SM90_ONLY = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                       reason="the register-dequant kernels are sm_90 only"),
+]
+KIMI_RANK = dict(latent=3584, inter=3072, num_experts=8, top_k=8, hidden=7168, inter_s=768)
+SMALL = dict(latent=512, inter=256, num_experts=32, top_k=16, hidden=1024, inter_s=128)
+
+
+def capture_routed(p) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """run_experts on p's routed arguments captured in a CUDA graph (compiled outside the capture, with the settings
+    in force now), and the graph's output buffer."""
+    run_experts(*p.routed_args())
+    torch.cuda.synchronize()
+    out = torch.full_like(p.z, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run_experts(*p.routed_args(), out=out)
+    return graph, out
+
+
+def replay_on(graph: torch.cuda.CUDAGraph, out: torch.Tensor, p, fresh) -> None:
+    """Copy fresh's tokens, ids and weights into p's (the graph's static inputs), poison the output, replay."""
+    for name in ("z", "topk_ids", "topk_weights"):
+        getattr(p, name).copy_(getattr(fresh, name))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
