@@ -50,7 +50,7 @@ BENCHMARKS = (
     ("prefill_tiles.py", (), None),  # prefill routed GEMM tile candidates and the spread token grouping
     ("prefill_regs.py", (), None),  # the routed op beyond decode: Triton tiles, register-dequant kernels, the GPU's pick
     ("regs_block_rows.py", (), None),  # the register-dequant L1 / L2 in 32- and 64-row blocks, rings and caps
-    ("regs_block_rows_probes.py", (), None),  # probes around the 64-row blocks the library did not take
+    ("regs_block_rows.py", ("--probes",), None),  # probes around the 64-row blocks the library did not take
     ("shared_in_line_order.py", (), None),  # the producer's in-line shared GEMMs before the grouping or after L1
     ("decode_tuning.py", (), None),  # decode knobs (PDL sites, prefetch, shared-expert programs, ...) on the block
     ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "128", "--knobs", "LMF_SHARED_FIRST", "--rounds",
