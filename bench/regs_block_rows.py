@@ -122,6 +122,7 @@ def main() -> None:
         ids, _, z = routing(block, m, kind)
         local = ids.view(-1) >= 0
         valid = int(local.sum())
+        rows_per_hit_expert = valid / max(int(torch.unique(ids[ids >= 0]).numel()), 1)
         floor_us = 2 * 3 * inter * latent * valid / ceilings["bf16_flop_per_s"] * 1e6
         groupings = {bm: group_by_expert(ids, experts, bm) for bm in {v[1] for v in variants.values()}}
         first = None
@@ -146,8 +147,8 @@ def main() -> None:
                 out = pairs[local].clone()
                 first = out if first is None else first
                 l1_us, l2_us = per_call_us(l1), per_call_us(l2)
-            rows.append({"routing": kind, "M": m, "variant": name, "rows_per_hit_expert":
-                         valid / max(int(torch.unique(ids[ids >= 0]).numel()), 1), "l1_us": l1_us, "l2_us": l2_us,
+            rows.append({"routing": kind, "M": m, "variant": name, "rows_per_hit_expert": rows_per_hit_expert,
+                         "l1_us": l1_us, "l2_us": l2_us,
                          "l1_l2_us": l1_us + l2_us, "vs_first": None, "floor_us": floor_us,
                          "x_floor": (l1_us + l2_us) / floor_us, "finite": bool(torch.isfinite(out).all()),
                          "bitwise_first": bool(torch.equal(out, first)), "rel_l2_first": rel_l2(out, first)})
