@@ -44,6 +44,7 @@ BENCHMARKS = (
     ("op_host_time.py", (), None),  # host time per op call, layer by layer
     ("router_gemm.py", (), None),  # the router GEMM at decode against its byte floor
     ("route.py", (), None),  # the router chain after its GEMM: unfused vs lmf::noaux_tc_route
+    ("align_launch.py", (), None),  # the one-program token grouping by warps and pairs per step
     ("router_overlap.py", (), None),  # router GEMM + route beside the down-projection (lmf::route_and_project)
     ("down_projection.py", ("--configs", "swap_tma:16x32x256/w4/st6/s1", "swap:16x128x128/w4/st4/s4",
                             "swap_tma:32x64x256/w4/st4/s2", "swap_tma:64x64x128/w4/st6/s2"), None),  # alone vs cuBLAS

@@ -142,6 +142,18 @@ def _owner_chunk(nb_max: int) -> int:
 
 SPREAD_MIN_PAIRS = 8192  # from here the grouping runs over many programs (M >= 512 at top-16)
 SPREAD_CHUNK = 1024  # pairs per program of the spread kernels
+# The one-program kernel is a chain of dependent steps (histogram, prefix sum, fills, atomics): more warps and
+# longer chunks shorten each. H200, Kimi K3 rank (112 local experts, top-16), CUDA graph (bench/align_launch.py ->
+# align_launch.md, 16-row blocks): 16 warps and chunks of 512-2048 pairs, the fastest of 4 / 8 / 16 warps by 512 /
+# 1024 / 2048 pairs at every size measured, against 4 warps and the pairs' power of two up to 1024: 5.3 -> 4.9 us
+# at M = 8, 6.8 -> 5.9 at 32, 10.5 -> 8.3 at 128, 17.4 -> 12.5 at 256 and 30.0 -> 21.0 at 511.
+ALIGN_WARPS = 16
+ALIGN_CHUNK = (512, 2048)  # pairs per step of the one-program kernel: the pairs' power of two, within these bounds
+
+
+def align_chunk(num_pairs: int) -> int:
+    """Pairs per step of the one-program kernel (ALIGN_CHUNK)."""
+    return min(ALIGN_CHUNK[1], max(ALIGN_CHUNK[0], triton.next_power_of_2(max(num_pairs, 1))))
 
 
 def group_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int, spread: bool | None = None) -> Grouping:
@@ -169,11 +181,10 @@ def group_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int, spre
         return Grouping(sorted_pairs, block_expert, nb_max, block_m)
     sorted_pairs = torch.empty(nb_max * block_m, dtype=torch.int32, device=dev)
     scratch = torch.empty(2 * e_pad, dtype=torch.int32, device=dev)
-    chunk = min(1024, max(16, triton.next_power_of_2(num_pairs)))
     _align_kernel[(1,)](
         topk_ids, sorted_pairs, block_expert, scratch, scratch[e_pad:],
         num_pairs, num_experts, nb_max,
-        BM=block_m, E_PAD=e_pad, CHUNK=chunk, NB_CHUNK=nb_chunk,
-        num_warps=4,
+        BM=block_m, E_PAD=e_pad, CHUNK=align_chunk(num_pairs), NB_CHUNK=nb_chunk,
+        num_warps=ALIGN_WARPS,
     )
     return Grouping(sorted_pairs, block_expert, nb_max, block_m)
