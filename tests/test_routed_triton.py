@@ -9,7 +9,7 @@ import triton.language as tl
 
 from latent_moe_fusion.ops.mxfp4 import dequantize_mxfp4
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
-from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert, max_blocks
+from latent_moe_fusion.ops.triton_kernels.moe_align import ALIGN_CHUNK, align_chunk, group_by_expert, max_blocks
 from latent_moe_fusion.ops.triton_kernels.weight_tiles import e2m1_to_fp32, e8m0_to_fp32
 from tests.expert_problems import make_problem, make_routing, rel_l2, tolerance
 from tests.grouping_checks import assert_valid_grouping
@@ -49,6 +49,13 @@ def test_group_by_expert_places_every_pair_once(kind, m, top_k, spread, rng_seed
     g = group_by_expert(ids, num_experts, bm, spread=spread)
     assert g.nb_max == max_blocks(m * top_k, num_experts, bm)
     assert_valid_grouping(g, ids, num_experts)
+
+
+def test_align_chunk_is_a_power_of_two_within_bounds():
+    """The one-program grouping steps over the pairs' power of two, at least ALIGN_CHUNK[0] and at most [1]."""
+    low, high = ALIGN_CHUNK
+    assert [align_chunk(n) for n in (0, 1, low, low + 1, high - 1, high, high + 1, 8176)] == \
+        [low, low, low, 2 * low, high, high, high, high]
 
 
 CASES = [
