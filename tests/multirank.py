@@ -27,6 +27,7 @@ PARTS: dict[int, tuple[str, ...]] = {
         "tests.test_opcheck:opcheck_layouts_on_ranks",
         "tests.test_bad_inputs:group_errors_on_ranks",
         "tests.test_identity:identity_on_ranks",
+        "tests.test_block:expert_shares_on_ranks",
     ),
     4: ("tests.test_identity:identity_on_ranks",),
 }

@@ -130,3 +130,35 @@ def test_mxfp4_block_needs_blocks_of_32():
     KimiK3MoEBlock(cfg, weight_format="bf16")
     with pytest.raises(ConfigError, match="latent_size = 48 is not divisible by 32"):
         KimiK3MoEBlock(cfg, weight_format="mxfp4")
+
+
+# -- a 2-rank group (tests/multirank.py runs this part on two gloo ranks) ---------------------------------------------
+
+
+def expert_shares_on_ranks(rank: int, world: int, seed: int) -> dict:
+    """TP blocks with EP shares: different shares per TP rank raise (the TP form replicates the routed branch), the
+    same share on every rank and SP blocks with any shares build."""
+    import torch.distributed as dist
+
+    group = dist.group.WORLD
+    outcome = {}
+    for name, kwargs in {"tp_different_shares": {"ep_rank": rank}, "tp_same_share": {"ep_rank": 0},
+                         "sp_different_shares": {"ep_rank": rank, "sequence_parallel": True}}.items():
+        try:
+            KimiK3MoEBlock(TINY, tp_group=group, seed=seed, ep_size=world, **kwargs)
+            outcome[name] = ("built", "")
+        except Exception as exc:  # the parent checks type and message
+            outcome[name] = (type(exc).__name__, str(exc))
+    return outcome
+
+
+def test_tp_block_needs_the_same_expert_share_on_every_rank():
+    from tests import multirank
+
+    seed, per_rank = multirank.results(2, "tests.test_block:expert_shares_on_ranks")
+    for rank, outcome in enumerate(per_rank):
+        kind, message = outcome["tp_different_shares"]
+        assert kind == "ValueError", (rank, seed, kind, message)
+        assert "expert-parallel shares [0, 1]" in message and "same ep_rank" in message, (rank, message)
+        assert outcome["tp_same_share"] == ("built", ""), (rank, outcome["tp_same_share"])
+        assert outcome["sp_different_shares"] == ("built", ""), (rank, outcome["sp_different_shares"])

@@ -16,6 +16,20 @@ from .weights import expert_weights, normal
 SHARED_GATE_UP_FORMS = ("merged", "split")
 
 
+def _check_same_expert_share(tp_group: dist.ProcessGroup, ep_rank: int) -> None:
+    """A TP block (not SP) with an EP share: every rank must hold the same share. The TP form replicates the routed
+    branch (same tokens, same experts on every rank) and all-reduces only the shared expert; with different shares
+    each rank's routed output differs, the block's output would differ across ranks, and the fused tail
+    (`hidden_scatter`: each rank computes its columns of the up-projection from its own routed output, then the
+    columns are all-gathered) could not reproduce it. SP blocks route their own tokens and may hold any share."""
+    shares: list[int | None] = [None] * dist.get_world_size(tp_group)
+    dist.all_gather_object(shares, ep_rank, group=tp_group)
+    if len(set(shares)) > 1:
+        raise ValueError(f"tensor-parallel block with expert-parallel shares {shares} (ep_rank per TP rank): the TP form "
+                         "replicates the routed branch, so every TP rank needs the same ep_rank (or ep_size=1); an "
+                         "expert-parallel layout needs its own combine of the routed outputs before the up-projection")
+
+
 class KimiK3MoEBlock(nn.Module):
     """x [M, H] -> u + s, the reference the fusion pass rewrites.
 
@@ -60,6 +74,8 @@ class KimiK3MoEBlock(nn.Module):
         cfg.validate_for(self.tp_world, weight_format, ep_size)
         if not 0 <= ep_rank < ep_size:
             raise ValueError(f"ep_rank must be in [0, {ep_size}), got {ep_rank}")
+        if tp_group is not None and self.tp_world > 1 and not sequence_parallel and ep_size > 1:
+            _check_same_expert_share(tp_group, ep_rank)
         self.cfg = cfg
         self.group_name = None if tp_group is None else tp_group.group_name
         self.sequence_parallel = sequence_parallel

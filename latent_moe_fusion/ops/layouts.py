@@ -57,23 +57,50 @@ def fragment_shape(mode: str, m_out: int, hidden: int, world: int) -> tuple[int,
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
 
 
-def publish_fragments(s_partial: torch.Tensor, mode: str, group_name: str | None) -> torch.Tensor:
-    """Move this rank's partial shared output [M_s, H] into the owners' fragment layout."""
+class PendingFragments:
+    """A fragment exchange in flight: `wait()` makes the current stream wait for it and returns ws. Its buffers
+    belong to the stream that was current when they were made (fragment_buffers), so a caller that makes them on
+    its own stream and waits on that stream can launch the exchange from a side stream without record_stream."""
+
+    def __init__(self, recv: torch.Tensor, mode: str, work=None, keep: tuple = ()) -> None:
+        self.recv, self.mode, self.work, self.keep = recv, mode, work, keep
+
+    def wait(self) -> torch.Tensor:
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+        self.keep = ()
+        return self.recv.transpose(0, 1).contiguous() if self.mode == "token_publish" else self.recv
+
+
+def fragment_buffers(m_s: int, hidden: int, mode: str, world: int, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(send, recv) of the all-to-all that publishes fragments, made on the current stream."""
+    shape = (world, m_s, hidden // world) if mode == "hidden_scatter" else (world, m_s // world, hidden)
+    return like.new_empty(shape), like.new_empty(shape)
+
+
+def start_publish(s_partial: torch.Tensor, mode: str, group_name: str | None,
+                  buffers: tuple[torch.Tensor, ...] | None = None) -> PendingFragments:
+    """Launch the move of this rank's partial shared output [M_s, H] into the owners' fragment layout on the
+    current stream (the collective runs asynchronously: other streams' work goes on beside it); `wait()` on the
+    result before reading ws. buffers: fragment_buffers made earlier (default: made now)."""
     world = group_size(group_name)
     if world == 1:
-        return s_partial.unsqueeze(1 if mode == "token_publish" else 0).contiguous()
+        return PendingFragments(s_partial.unsqueeze(1 if mode == "token_publish" else 0).contiguous(), "local")
     group = resolve_group(group_name)
     m_s, hidden = s_partial.shape
+    send, recv = buffers if buffers is not None else fragment_buffers(m_s, hidden, mode, world, s_partial)
     if mode == "hidden_scatter":
-        send = s_partial.reshape(m_s, world, hidden // world).transpose(0, 1).contiguous()
-        recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=group)
-        return recv
-    # token_publish: chunk q of the rank-major tokens goes to rank q.
-    send = s_partial.reshape(world, m_s // world, hidden).contiguous()
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
-    return recv.transpose(0, 1).contiguous()
+        send.copy_(s_partial.view(m_s, world, hidden // world).transpose(0, 1))
+    else:  # token_publish: chunk q of the rank-major tokens goes to rank q
+        send.copy_(s_partial.view(world, m_s // world, hidden))
+    work = dist.all_to_all_single(recv, send, group=group, async_op=True)
+    return PendingFragments(recv, mode, work, keep=(send,))
+
+
+def publish_fragments(s_partial: torch.Tensor, mode: str, group_name: str | None) -> torch.Tensor:
+    """Move this rank's partial shared output [M_s, H] into the owners' fragment layout."""
+    return start_publish(s_partial, mode, group_name).wait()
 
 
 def fragments_as_rmn(ws: torch.Tensor, mode: str) -> torch.Tensor:
@@ -87,9 +114,10 @@ def gather_columns(out_slice: torch.Tensor, group_name: str | None) -> torch.Ten
     if world == 1:
         return out_slice
     group = resolve_group(group_name)
-    parts = [torch.empty_like(out_slice) for _ in range(world)]
-    dist.all_gather(parts, out_slice.contiguous(), group=group)
-    return torch.cat(parts, dim=1)
+    m, width = out_slice.shape
+    gathered = out_slice.new_empty(world * m, width)  # one collective into one buffer, then one copy to [M, H]
+    dist.all_gather_into_tensor(gathered, out_slice.contiguous(), group=group)
+    return gathered.view(world, m, width).permute(1, 0, 2).reshape(m, world * width)
 
 
 def rank_tail_operands(

@@ -37,7 +37,7 @@ import torch
 from .backends import Backend, register_backend, select_backend
 from .down_projection import project_down
 from .env import env_choice, env_permutation, env_switch
-from .layouts import fragment_shape, group_size, publish_fragments
+from .layouts import PendingFragments, fragment_buffers, fragment_shape, group_size, start_publish
 from .library import _define, _run_routed_backend, _validate_producer
 from .reference import ANY_DEVICE
 from .route_and_project import route_and_project_cuda, route_and_project_reference, validate_route_and_project
@@ -151,6 +151,10 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
     world, (m_s, hidden) = group_size(group_name), x_s.shape
     ws = x_s.new_empty(fragment_shape(mode, x.shape[0], hidden, 1)) if world == 1 else None
     s_out = ws.view(m_s, hidden) if world == 1 else x_s.new_empty(m_s, hidden)
+    # R > 1: the fragments go out from the shared expert's stream as soon as it is done, beside the routed
+    # experts; their buffers are made here, on the caller's stream, which waits for the exchange before returning.
+    buffers = fragment_buffers(m_s, hidden, mode, world, x_s) if world > 1 else None
+    published: list[PendingFragments] = []
     main = torch.cuda.current_stream(x.device)
     urgent = shared_first_urgent(x.shape[0])
     shared_stream = side_stream(x.device, "shared_first")
@@ -163,6 +167,8 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
     def shared() -> None:
         with torch.cuda.stream(shared_stream):
             shared_by_library(x_s, w1_s, w3_s, w2_s, s_out, beta, lin_beta)
+            if buffers is not None:
+                published.append(start_publish(s_out, mode, group_name, buffers))
 
     def router() -> None:
         with torch.cuda.stream(router_stream):
@@ -196,7 +202,7 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
         for tensor in (ids, weights, *(grouping.tensors() if grouping else ())):
             tensor.record_stream(main)
     if world > 1:
-        ws = publish_fragments(s_out, mode, group_name)
+        ws = published[0].wait()
     return y_n, ws
 
 

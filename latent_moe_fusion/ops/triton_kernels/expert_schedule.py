@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -62,6 +63,10 @@ class SharedExpert:
     w3_s: torch.Tensor  # [I_s, H] up
     w2_s: torch.Tensor  # [H, I_s] down
     out: torch.Tensor  # [M_s, H] written with round(act_s @ w2_s^T)
+    # Called right after the library GEMMs that write `out` are launched, on their stream (the producer starts its
+    # fragment exchange there, beside the routed experts); not called where the shared tiles run inside the
+    # routed grids or on Triton side grids.
+    on_done: Callable[[], None] | None = None
 
 
 def _weight_strides(w: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Tensor, int, int, int, int]:
@@ -331,6 +336,8 @@ def run_experts(
 
     def shared_as_library() -> None:
         shared_by_library(shared.x_s, shared.w1_s, shared.w3_s, shared.w2_s, shared.out, beta, lin_beta)
+        if shared.on_done is not None:
+            shared.on_done()
 
     # The in-line library GEMMs: before the grouping at prefill sizes (in_line_library_first), else right after the
     # routed L1 launch (in_line_library).

@@ -4,7 +4,8 @@ Routed experts and the shared expert share the grouped launches (the shared expe
 'expert' over all tokens in the L1 and L2 grids), the RMSNorm is fused into the combine: four
 launches in all (expert_schedule.py). On one rank every layout is the [M, H] shared output itself
 (local [1, M, H], token_publish [M, 1, H], hidden_scatter [1, M, H]), so the L2 launch writes the
-fragments in place; for R > 1 the partial [M_s, H] is moved by layouts.publish_fragments.
+fragments in place; for R > 1 the partial [M_s, H] is moved by layouts.start_publish, right after library
+shared GEMMs (beside the routed experts) where they run.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..backends import Backend, Reason, register_backend
-from ..layouts import fragment_shape, group_size, publish_fragments
+from ..layouts import PendingFragments, fragment_buffers, fragment_shape, group_size, start_publish
 from .expert_schedule import SharedExpert, run_experts
 from .routed import routed_size_reason, triton_available
 
@@ -44,12 +45,22 @@ def moe_shared_producer_triton(
         s_out = ws.view(m_s, hidden)
     else:
         s_out = x_s.new_empty(m_s, hidden)
+    # R > 1: where the shared expert runs as library GEMMs, its fragments go out right after them, beside the
+    # routed experts (buffers made on this stream, which waits for the exchange before returning); elsewhere
+    # (shared tiles inside the routed grids) after everything.
+    buffers = fragment_buffers(m_s, hidden, mode, world, x_s) if world > 1 else None
+    published: list[PendingFragments] = []
+
+    def publish() -> None:
+        published.append(start_publish(s_out, mode, group_name, buffers))
+
     y_n = run_experts(
         z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
-        rms_weight=rms_weight, eps=eps, shared=SharedExpert(x_s, w1_s, w3_s, w2_s, s_out),
+        rms_weight=rms_weight, eps=eps,
+        shared=SharedExpert(x_s, w1_s, w3_s, w2_s, s_out, on_done=publish if world > 1 else None),
     )
     if world > 1:
-        ws = publish_fragments(s_out, mode, group_name)
+        ws = (published[0] if published else start_publish(s_out, mode, group_name, buffers)).wait()
     return y_n, ws
 
 
