@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
-# (script, extra arguments, module it needs beyond the base install, "tool:NAME" for a program, or None)
+# (script, extra arguments, module it needs beyond the base install, "tool:NAME" for a program, "gpus:N" for N GPUs
+# of one host, or None)
 BENCHMARKS = (
     ("tail.py", (), None),
     ("tail.py", ("--gemv", "--no-bench"), None),  # the few-token GEMV against swap-AB (tail_gemv.md)
@@ -40,6 +41,7 @@ BENCHMARKS = (
     ("regs_sass.py", (), None),
     ("shared_strategy.py", (), None),
     ("block.py", (), None),
+    ("block_tp.py", (), "gpus:2"),  # the block over two GPUs with NCCL (TP and SP), communication included
     ("host_gaps.py", (), None),  # why prefill wall time exceeds kernel time (GPU idle gaps)
     ("op_host_time.py", (), None),  # host time per op call, layer by layer
     ("router_gemm.py", (), None),  # the router GEMM at decode against its byte floor
@@ -91,7 +93,12 @@ def main() -> int:
     failed = []
     for name, extra, needs in BENCHMARKS:
         script = BENCH_DIR / name
-        if needs is not None and needs.startswith("tool:"):
+        if needs is not None and needs.startswith("gpus:"):
+            if torch.cuda.device_count() < int(needs[5:]):
+                print(f"== {name} skipped: needs {needs[5:]} GPUs, this machine has {torch.cuda.device_count()}",
+                      flush=True)
+                continue
+        elif needs is not None and needs.startswith("tool:"):
             if shutil.which(needs[5:]) is None:
                 print(f"== {name} skipped: {needs[5:]!r} is not on the PATH", flush=True)
                 continue
