@@ -32,7 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import latent_moe_fusion as lmf  # noqa: E402
 from bench.block import block_parts_bytes_and_flops, compile_afresh, compiled, floor_us  # noqa: E402
-from bench.common import capture_graph, environment, measure_ceilings, rel_l2, replay_ms, upper_median, write_results  # noqa: E402
+from bench.common import (  # noqa: E402
+    environment,
+    measure_ceilings,
+    rel_l2,
+    time_back_to_back_interleaved_ms,
+    time_graphs_interleaved_ms,
+    write_results,
+)
 from bench.kernel_breakdown import breakdown_markdown, kernel_times_us  # noqa: E402
 
 EP_SIZE, SHARED_PER_RANK, SETS, ROUNDS, REPLAYS = 8, 768, 4, 5, 6
@@ -54,41 +61,10 @@ def same_draws(shape: tuple[int, ...], seed: int, rank: int | None = None) -> to
     return (x if rank is None else x[rank]).to("cuda", torch.bfloat16)
 
 
-def timed_graphs(fns: dict[str, Any], xs: list[torch.Tensor]) -> dict[str, float]:
-    """us per call of each variant: one CUDA graph over the sets, alternating rounds, a barrier before each replay."""
-    import torch.distributed as dist
-
-    graphs = {name: capture_graph(lambda i, fn=fn: fn(xs[i]), len(xs)) for name, fn in fns.items()}
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(ROUNDS):
-        for name, graph in graphs.items():
-            for _ in range(REPLAYS):
-                dist.barrier()
-                samples[name].append(replay_ms(graph) * 1e3 / len(xs))
-    return {name: upper_median(v) for name, v in samples.items()}
-
-
-def timed_back_to_back(fns: dict[str, Any], x: torch.Tensor, calls: int = 4) -> dict[str, float]:
-    """us per call of each variant: `calls` calls back to back between CUDA events, alternating rounds."""
-    import torch.distributed as dist
-
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(ROUNDS):
-        for name, fn in fns.items():
-            dist.barrier()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(calls):
-                fn(x)
-            end.record()
-            end.synchronize()
-            samples[name].append(start.elapsed_time(end) * 1e3 / calls)
-    return {name: upper_median(v) for name, v in samples.items()}
-
-
 def case(rank: int, world: int, form: str, m: int, ceilings: dict[str, float]) -> dict[str, Any]:
     """One (form, M) row on this rank: errors against eager, the pass's report, times and the rank's floor."""
+    import torch.distributed as dist
+
     sp = form == "SP"
     torch.manual_seed(0)
     block = rank_block(rank, world, sp)
@@ -103,17 +79,24 @@ def case(rank: int, world: int, form: str, m: int, ceilings: dict[str, float]) -
         if fpass is not None:
             row[f"{name}_matched"] = f"{fpass.report.matched} block, forms {sorted(b.form for b in fpass.report.blocks)}"
     fns = {name: fn for name, (fn, _) in variants.items()}
+    barrier = dist.barrier  # every rank's graphs and calls must meet in their collectives
+
+    def back_to_back() -> dict[str, float]:
+        return time_back_to_back_interleaved_ms({name: lambda fn=fn: fn(sets[0]) for name, fn in fns.items()},
+                                                ROUNDS, before_each=barrier)
+
     if m <= 128:
         try:
-            times = timed_graphs(fns, sets)
+            times = time_graphs_interleaved_ms({name: lambda i, fn=fn: fn(sets[i]) for name, fn in fns.items()},
+                                               len(sets), ROUNDS, REPLAYS, before_each=barrier)
             row["timing"] = "CUDA graph"
         except Exception as exc:  # noqa: BLE001 - record it, time without a graph instead
             row["timing"] = f"no graph ({type(exc).__name__}: {str(exc)[:80]})"
-            times = timed_back_to_back(fns, sets[0])
+            times = back_to_back()
     else:
-        times = timed_back_to_back(fns, sets[0])
+        times = back_to_back()
         row["timing"] = "back to back"
-    row |= {f"{name}_us": us for name, us in times.items()}
+    row |= {f"{name}_us": ms * 1e3 for name, ms in times.items()}
     if m > 128:  # where the time goes at prefill (every rank profiles: the collectives must pair up)
         row["kernels"] = {name: kernel_times_us(lambda fn=fn: fn(sets[0]), top=10) for name, fn in fns.items()}
     nbytes, flops = (sum(part[i] for part in block_parts_bytes_and_flops(block, sets[0]).values()) for i in (0, 1))

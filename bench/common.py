@@ -111,18 +111,20 @@ def time_interleaved_ms(fns: dict[str, Callable[[], Any]], rounds: int = 5, iter
     return {name: upper_median(v) for name, v in samples.items()}
 
 
-def time_back_to_back_interleaved_ms(fns: dict[str, Callable[[], Any]], rounds: int = 5,
-                                     iters: int = 4) -> dict[str, float]:
+def time_back_to_back_interleaved_ms(fns: dict[str, Callable[[], Any]], rounds: int = 5, iters: int = 4,
+                                     before_each: Callable[[], Any] | None = None) -> dict[str, float]:
     """Median ms per call of each fn, `iters` calls back to back between two CUDA events (no host sync between
     them), in alternating rounds. The host launches the next call while the GPU runs the last, as it does
     with a model's layers, so its launch time counts only where it exceeds the GPU's (prefill, no graph; a
     synchronised single call instead counts all the host time before the first launch, and measured ~5 %
-    apart for the same graph in one process)."""
+    apart for the same graph in one process). before_each: called before each sample (a barrier across ranks)."""
     for fn in fns.values():
         fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            if before_each is not None:
+                before_each()
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -189,15 +191,19 @@ def capture_graph(step: Callable[[int], Any], num_sets: int, warmup: int = 3) ->
 
 
 def time_graphs_interleaved_ms(steps: dict[str, Callable[[int], Any]], num_sets: int, rounds: int = 5,
-                               replays: int = 6) -> dict[str, float]:
+                               replays: int = 6, before_each: Callable[[], Any] | None = None) -> dict[str, float]:
     """time_graph_ms for several variants at once: one graph each, replayed in alternating rounds (each round
     `replays` replays of every graph in turn), so that clock, thermal and L2 drift hits every variant alike.
-    Median ms per call (replay time / num_sets) of each."""
+    Median ms per call (replay time / num_sets) of each. before_each: called before each replay (a barrier
+    across ranks, whose graphs' collectives must meet)."""
     graphs = {name: capture_graph(step, num_sets) for name, step in steps.items()}
     samples: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(rounds):
         for name, graph in graphs.items():
-            samples[name] += [replay_ms(graph) / num_sets for _ in range(replays)]
+            for _ in range(replays):
+                if before_each is not None:
+                    before_each()
+                samples[name].append(replay_ms(graph) / num_sets)
     return {name: upper_median(v) for name, v in samples.items()}
 
 
