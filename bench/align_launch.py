@@ -46,22 +46,18 @@ def same_grouping(a: moe_align.Grouping, b: moe_align.Grouping) -> bool:
 
 def time_launch(sets: list[torch.Tensor], block_m: int, warps: int, chunk: int) -> tuple[float, moe_align.Grouping]:
     """Median us per grouping of one set with this launch, and the grouping of sets[0]."""
-    num_pairs = sets[0].numel()
-    nb_max = moe_align.max_blocks(num_pairs, LOCAL, block_m)
-    e_pad = triton.next_power_of_2(LOCAL)
-    sorted_pairs = torch.empty(nb_max * block_m, dtype=torch.int32, device="cuda")
-    block_expert = torch.empty(nb_max, dtype=torch.int32, device="cuda")
-    scratch = torch.empty(2 * e_pad, dtype=torch.int32, device="cuda")
+    nb_max = moe_align.max_blocks(sets[0].numel(), LOCAL, block_m)
+    grouping = moe_align.Grouping(torch.empty(nb_max * block_m, dtype=torch.int32, device="cuda"),
+                                  torch.empty(nb_max, dtype=torch.int32, device="cuda"), nb_max, block_m)
+    scratch = torch.empty(2 * triton.next_power_of_2(LOCAL), dtype=torch.int32, device="cuda")
 
     def step(i: int) -> None:
-        moe_align._align_kernel[(1,)](sets[i], sorted_pairs, block_expert, scratch, scratch[e_pad:], num_pairs, LOCAL,
-                                      nb_max, BM=block_m, E_PAD=e_pad, CHUNK=chunk,
-                                      NB_CHUNK=moe_align._owner_chunk(nb_max), num_warps=warps)
+        moe_align.launch_one_program(sets[i], LOCAL, grouping, scratch, warps, chunk)
 
     step(0)
     torch.cuda.synchronize()
-    grouping = moe_align.Grouping(sorted_pairs.clone(), block_expert.clone(), nb_max, block_m)
-    return time_graph_ms(step, len(sets)) * 1e3, grouping
+    first = moe_align.Grouping(grouping.sorted_pairs.clone(), grouping.block_expert.clone(), nb_max, block_m)
+    return time_graph_ms(step, len(sets)) * 1e3, first
 
 
 def main() -> None:

@@ -99,8 +99,10 @@ def case(rank: int, world: int, form: str, m: int, ceilings: dict[str, float]) -
     row |= {f"{name}_us": ms * 1e3 for name, ms in times.items()}
     if m > 128:  # where the time goes at prefill (every rank profiles: the collectives must pair up)
         row["kernels"] = {name: kernel_times_us(lambda fn=fn: fn(sets[0]), top=10) for name, fn in fns.items()}
-    nbytes, flops = (sum(part[i] for part in block_parts_bytes_and_flops(block, sets[0]).values()) for i in (0, 1))
-    row["rank_floor_us"] = float("nan") if sp else floor_us(nbytes, flops, ceilings)
+    row["rank_floor_us"] = float("nan")  # SP: the shared expert runs on every rank's tokens, not counted there
+    if not sp:
+        parts = block_parts_bytes_and_flops(block, sets[0]).values()
+        row["rank_floor_us"] = floor_us(sum(p[0] for p in parts), sum(p[1] for p in parts), ceilings)
     return row
 
 

@@ -179,12 +179,19 @@ def group_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int, spre
                                    num_experts, nb_max, BM=block_m, CHUNK=SPREAD_CHUNK, E_PAD=e_pad,
                                    NB_CHUNK=nb_chunk, num_warps=4)
         return Grouping(sorted_pairs, block_expert, nb_max, block_m)
-    sorted_pairs = torch.empty(nb_max * block_m, dtype=torch.int32, device=dev)
-    scratch = torch.empty(2 * e_pad, dtype=torch.int32, device=dev)
+    grouping = Grouping(torch.empty(nb_max * block_m, dtype=torch.int32, device=dev), block_expert, nb_max, block_m)
+    launch_one_program(topk_ids, num_experts, grouping, torch.empty(2 * e_pad, dtype=torch.int32, device=dev))
+    return grouping
+
+
+def launch_one_program(topk_ids: torch.Tensor, num_experts: int, grouping: Grouping, scratch: torch.Tensor,
+                       warps: int = ALIGN_WARPS, chunk: int | None = None) -> None:
+    """The one-program grouping of topk_ids into grouping's buffers (scratch: 2 * E_PAD int32). warps and chunk
+    (pairs per step; default align_chunk) override the measured launch for bench/align_launch.py."""
+    num_pairs, e_pad = topk_ids.numel(), triton.next_power_of_2(num_experts)
     _align_kernel[(1,)](
-        topk_ids, sorted_pairs, block_expert, scratch, scratch[e_pad:],
-        num_pairs, num_experts, nb_max,
-        BM=block_m, E_PAD=e_pad, CHUNK=align_chunk(num_pairs), NB_CHUNK=nb_chunk,
-        num_warps=ALIGN_WARPS,
+        topk_ids, grouping.sorted_pairs, grouping.block_expert, scratch, scratch[e_pad:],
+        num_pairs, num_experts, grouping.nb_max,
+        BM=grouping.block_m, E_PAD=e_pad, CHUNK=chunk or align_chunk(num_pairs),
+        NB_CHUNK=_owner_chunk(grouping.nb_max), num_warps=warps,
     )
-    return Grouping(sorted_pairs, block_expert, nb_max, block_m)
