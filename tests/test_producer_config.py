@@ -94,11 +94,11 @@ def test_routed_regs_for_mxfp4_on_hopper_while_experts_hold_few_rows(hopper, mon
     assert pick(64 * 16, experts=16) == (False, 64) and pick(512 * 16) == (False, 128)
     assert choice_bm(32768 * 16) == 0  # forced: no choice on the GPU
     assert pick(16) == (True, 16)  # decode blocks are not its business
-    for rows in ("16", "32", "64"):  # regs blocks of these rows at any size
+    for rows in ("16", "32", "64", "128"):  # regs blocks of these rows at any size
         monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, rows)
         assert pick(32768 * 16) == (True, int(rows)) and pick(64 * 16, experts=16) == (True, int(rows))
-    monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, "128")
-    with pytest.raises(ValueError, match="LMF_PREFILL_REGS='128': expected 0 .*, a block of 16 or 32 or 64 rows"):
+    monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, "256")
+    with pytest.raises(ValueError, match="LMF_PREFILL_REGS='256': expected 0 .*, a block of 16 or 32 or 64 or 128 rows"):
         pick(8192 * 16)
     monkeypatch.delenv(producer_config.PREFILL_REGS_ENV)
     monkeypatch.setenv("LMF_MXFP4_REGS", "0")

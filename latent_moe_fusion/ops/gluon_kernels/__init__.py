@@ -17,9 +17,15 @@ from ..env import env_choice
 from ..mxfp4 import BLOCK as MXFP4_BLOCK
 
 ENV_SWITCH = "LMF_MXFP4_REGS"  # read by producer_config.regs_enabled too (the picked config)
-BLOCK_ROWS = (16, 32, 64)  # rows per expert block the kernels take (the MMA's N at most; decode: 16, 32)
+BLOCK_ROWS = (16, 32, 64, 128)  # rows per expert block the kernels take (the MMA's N at most; decode: 16, 32)
 # A block runs the MMA with N = 16 or 32 on its first rows where no more of them hold a pair (routed_gemm.
 # _valid_rows). 64-row blocks serve beyond decode: each block dequantises its weights once for twice the rows.
+# 128-row blocks: L1 holds its gate and up rows in one accumulator (routed_gemm._l1_stacked_rows: half the
+# columns per program, the registers of 64-row blocks), L2 runs each block as two 64-row halves (its 128-row
+# MMA needs 198 registers, one CTA per SM, and ran 1.3x slower: regs_block_rows_probes.md).
+STACKED_BLOCK_ROWS = 128
+STACKED_L1_WARPS = 4
+L2_MAX_BLOCK_ROWS = 64
 # H200, Kimi K3 rank, L1 + L2 alone (bench/results/regs_block_rows.md): 64-row blocks (TMA rings, uncapped) against
 # 32-row blocks (L2 on the cp.async ring beyond L2_TMA_MAX_PAIRS) 0.98x at 30 rows per hit expert, 1.09x at 57,
 # 1.14x at 108, 1.20x at 211, 1.27x at 392 (EP share), 1.15x at 146, 1.27x at 293, 1.25x at 585 (all local).
@@ -90,7 +96,7 @@ def max_registers(kernel: str, ring_kind: str, block_m: int = 32) -> int | None:
         return None
     if override != "auto":
         return int(override)
-    if block_m == 64:
+    if block_m >= 64:
         return None
     if kernel == "l1":
         return None if ring_kind == "tma" else L1_MAX_REGISTERS
@@ -178,7 +184,7 @@ def _words_descriptor(words: torch.Tensor, rows: int, ring: str, dual: bool):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    if dual:
+    if dual:  # rows per tile: the gate and up tiles of two accumulators, or the halves of one (stacked)
         view = words.view(words.shape[0] * 2, words.shape[1] // 2, words.shape[2])
         block = [2, rows, STEP_K // 8]
     else:
@@ -206,15 +212,20 @@ def launch_routed_l1(
     words = w13.view(torch.int32)
     n_rows = num_blocks * block_m
     h_part = act if split == 1 else torch.empty(split, n_rows, 2 * inter, dtype=torch.float32, device=z.device)
-    grid = (num_blocks * (inter // (16 * L1_WARPS)) * split,)
+    stacked = block_m == STACKED_BLOCK_ROWS
+    if stacked and split != 1:
+        raise ValueError(f"{STACKED_BLOCK_ROWS}-row blocks run whole K (split = {split}): K slices are for decode")
+    warps = STACKED_L1_WARPS if stacked else L1_WARPS
+    tile_n = 16 * warps // (2 if stacked else 1)  # intermediate columns per program
+    grid = (num_blocks * (inter // tile_n) * split,)
     ring = ring_for(weight_rings(z.shape[0] * top_k, block_m)[0] if ring is None else ring, latent // split // STEP_K,
                     split)
     kind, stages = WEIGHT_RINGS[ring]
     l1_regs_kernel[grid](
         z, words, w13_scale, sorted_pairs, block_expert, act, h_part, n_rows, inter, latent, latent // 8,
         latent // MXFP4_BLOCK, top_k, words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta),
-        _words_descriptor(words, 16 * L1_WARPS, ring, dual=True),
-        BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L1_WARPS, SIGNAL=signal, RING=kind, STAGES=stages,
+        _words_descriptor(words, tile_n, ring, dual=True),
+        BM=block_m, BK=STEP_K, SPLIT=split, num_warps=warps, SIGNAL=signal, RING=kind, STAGES=stages,
         ORDER=load_order(), maxnreg=max_registers("l1", kind, block_m),
     )
     if split > 1:
@@ -230,13 +241,16 @@ def launch_routed_l2(
     """pairs[pair, :] = act[row] @ W2[e]^T in FP32 for every valid (token, slot) row; pairs [SPLIT, P, L]
     holds one K slice's sums per leading index (the combine adds them in order).
     dependent: launch as a programmatic dependent of the kernel just before it on the stream, which must
-    be launch_routed_l1's with signal=True (its L1 or finish): the grouping must have finished before."""
+    be launch_routed_l1's with signal=True (its L1 or finish): the grouping must have finished before.
+    Blocks beyond L2_MAX_BLOCK_ROWS rows run as parts of that many rows."""
     from .routed_gemm import l2_regs_kernel
 
     latent = w2.shape[1]
     inter = act.shape[1]
     words = w2.view(torch.int32)
     split = pairs.shape[0] if pairs.dim() == 3 else 1
+    halves = max(block_m // L2_MAX_BLOCK_ROWS, 1)
+    num_blocks, block_m = num_blocks * halves, block_m // halves
     grid = (num_blocks * (latent // (16 * L2_WARPS)) * split,)
     ring = ring_for(weight_rings(pairs.shape[-2], block_m)[1] if ring is None else ring, inter // split // STEP_K, split)
     kind, stages = WEIGHT_RINGS[ring]
@@ -244,5 +258,5 @@ def launch_routed_l2(
         act, words, w2_scale, sorted_pairs, block_expert, pairs, pairs.stride(0) if split > 1 else 0, latent, inter,
         inter // 8, inter // MXFP4_BLOCK, words.stride(0), w2_scale.stride(0), _words_descriptor(words, 16 * L2_WARPS, ring, dual=False),
         BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L2_WARPS, PDL=dependent, launch_pdl=dependent, RING=kind,
-        STAGES=stages, ORDER=load_order(), maxnreg=max_registers("l2", kind, block_m),
+        STAGES=stages, ORDER=load_order(), HALVES=halves, maxnreg=max_registers("l2", kind, block_m),
     )

@@ -1,0 +1,91 @@
+"""The register-dequant kernels in 128-row blocks (MXFP4 prefill on sm_90; pytest -m gpu): L1 holds each program's
+gate and up rows in one accumulator (routed_gemm._l1_stacked_rows) and L2 runs every block as two 64-row halves.
+Against the float64 reference, bitwise equal to 64-row blocks (the same FP32 sums per element: only the MMA's shape
+changes), every output written over a NaN poison, every class of valid rows a block tells apart (<= 16, <= 32, <= 64,
+more), every weight ring, both warp counts of the stacked tile, under CUDA-graph capture, and opcheck."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from latent_moe_fusion.ops import gluon_kernels as gk
+from latent_moe_fusion.ops.gluon_kernels import RING_ENV, WEIGHT_RINGS, launch_routed_l1
+from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
+from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert
+from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_ENV
+from tests.expert_problems import BETA, LIN_BETA, make_problem, rel_l2, tolerance
+from tests.float64_reference import routed64
+from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL, capture_routed, replay_on
+from tests.test_regs_block_rows_gpu import _ids_with_rows
+
+pytestmark = SM90_ONLY
+
+# Rows per expert: one 128-row block with <= 16, 17 .. 32, 33 .. 64 and 65 .. 128 valid rows, two blocks (the second
+# short), and experts with none.
+EXPERT_ROWS = {32: (0, 5, 16, 17, 31, 32, 33, 40, 64, 65, 70, 100, 128, 129, 150, 200),
+               8: (5, 17, 33, 64, 0, 100, 129, 150)}
+
+
+def _problem(sizes: dict, m: int, routing: str):
+    p = make_problem(m, weight_format="mxfp4", device="cuda", **({"routing": routing} if routing != "rows" else {}),
+                     **sizes)
+    if routing == "rows":
+        experts = sizes["num_experts"]
+        p.topk_ids.copy_(_ids_with_rows(m, experts, sizes["top_k"], EXPERT_ROWS[experts]))
+    return p
+
+
+def _run(p, monkeypatch, rows: str, ring: str = "") -> torch.Tensor:
+    monkeypatch.setenv(PREFILL_REGS_ENV, rows)
+    monkeypatch.setenv(RING_ENV, ring)
+    out = torch.full_like(p.z, float("nan"))
+    return run_experts(*p.routed_args(), out=out)
+
+
+CASES = [(SMALL, 300, "rows"), (SMALL, 600, "random"), (SMALL, 600, "few_experts"), (SMALL, 600, "one_expert"),
+         (KIMI_RANK, 220, "rows"), (KIMI_RANK, 200, "random")]
+
+
+@pytest.mark.parametrize("warps", [4, 8])
+@pytest.mark.parametrize("sizes,m,routing", CASES,
+                         ids=[f"{'kimi' if s is KIMI_RANK else 'small'}-m{m}-{r}" for s, m, r in CASES])
+def test_128_row_blocks_match_float64_and_64_row_blocks_bitwise(sizes, m, routing, warps, monkeypatch, rng_seed):
+    monkeypatch.setattr(gk, "STACKED_L1_WARPS", warps)
+    p = _problem(sizes, m, routing)
+    y = _run(p, monkeypatch, "128")
+    assert torch.isfinite(y).all()  # every element written over the NaN poison
+    assert rel_l2(y, routed64(*p.routed_args())) < tolerance(torch.bfloat16)
+    assert torch.equal(y, _run(p, monkeypatch, "64"))  # same sums per element, only the MMA's shape differs
+    assert torch.equal(y, _run(p, monkeypatch, "128"))  # bitwise repeatable
+
+
+@pytest.mark.parametrize("ring", list(WEIGHT_RINGS))
+def test_128_row_blocks_give_the_same_bits_on_every_weight_ring(ring, monkeypatch, rng_seed):
+    p = _problem(KIMI_RANK, 220, "rows")
+    assert torch.equal(_run(p, monkeypatch, "128", ring), _run(p, monkeypatch, "128"))
+
+
+def test_128_row_blocks_replay_fresh_ids_in_a_cuda_graph(monkeypatch, rng_seed):
+    monkeypatch.setenv(PREFILL_REGS_ENV, "128")
+    p = _problem(SMALL, 600, "random")
+    graph, out = capture_routed(p)
+    for routing in ("rows", "few_experts", "random"):
+        replay_on(graph, out, p, _problem(SMALL, 600, routing))
+        assert torch.equal(out, _run(p, monkeypatch, "128")), routing
+        assert rel_l2(out, routed64(*p.routed_args())) < tolerance(torch.bfloat16), routing
+
+
+def test_opcheck_on_128_row_blocks(monkeypatch, rng_seed):
+    monkeypatch.setenv(PREFILL_REGS_ENV, "128")
+    p = _problem(SMALL, 600, "random")
+    torch.library.opcheck(torch.ops.lmf.routed_experts.default, p.routed_args())
+
+
+def test_128_row_blocks_refuse_k_slices(rng_seed):
+    p = _problem(SMALL, 300, "random")
+    grouping = group_by_expert(p.topk_ids, SMALL["num_experts"], 128)
+    act = torch.empty(grouping.nb_max * 128, SMALL["inter"], dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="whole K"):
+        launch_routed_l1(p.z, p.w13, p.w13_scale, grouping.sorted_pairs, grouping.block_expert, act, grouping.nb_max,
+                         128, SMALL["top_k"], BETA, LIN_BETA, split=2)
