@@ -1,20 +1,18 @@
-"""The routed op at prefill in 64-row blocks (the register-dequant kernels' default) against 128-row blocks
-(LMF_PREFILL_REGS=128), on the Kimi K3 rank (EP8: 112 of 896 experts MXFP4, top-16).
+"""The routed op at prefill in 64-row blocks (the register-dequant kernels) against 128-row blocks (the staged
+kernels, gluon_kernels/routed_staged.py), on the Kimi K3 rank (EP8: 112 of 896 experts MXFP4, top-16).
 
-Variants: "regs 64" and the 128-row kernels under each warp count they take (--warps, the module's L1 tile warps).
 Per case: the whole op (grouping, L1, L2, combine + RMSNorm), L1 alone and L2 alone on each variant's own grouping,
 each 4 calls back to back between CUDA events in 5 alternating rounds (median per call). Floors: the routed FLOPs
 (2 x 3 x I x L per valid pair; L1 two thirds of them) over the measured BF16 matmul rate. bitwise_vs_64: the op's
 output equal to the 64-row blocks' bit for bit; rel_l2_vs_64 otherwise says how far.
 
-    PYTHONPATH=. python3 bench/prefill_blocks.py --out bench/results [--name prefill_blocks] [--warps 4 8]
+    PYTHONPATH=. python3 bench/prefill_blocks.py --out bench/results [--name prefill_blocks]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -31,43 +29,26 @@ from bench.common import (  # noqa: E402
     write_results,
 )
 from bench.prefill_regs import routing  # noqa: E402
-from latent_moe_fusion.ops import gluon_kernels as gk  # noqa: E402
 from latent_moe_fusion.ops.gluon_kernels import launch_routed_l1, launch_routed_l2  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_ENV  # noqa: E402
 
 CASES = [("ep_share", m) for m in (1024, 2048, 4096, 8192, 16384)] + [("all_local", m) for m in (1024, 4096)]
-WARPS_ATTR = "STACKED_L1_WARPS"  # the 128-row L1 tile's warps (gluon_kernels)
-
-
-def _variants(warps: list[int]) -> dict[str, tuple[int, int | None]]:
-    return {"regs 64": (64, None)} | {f"128 rows, {w} warps": (128, w) for w in warps}
-
-
-def _with_warps(warps: int | None, fn: Callable[[], object]) -> object:
-    if warps is None:
-        return fn()
-    saved = getattr(gk, WARPS_ATTR)
-    setattr(gk, WARPS_ATTR, warps)
-    try:
-        return fn()
-    finally:
-        setattr(gk, WARPS_ATTR, saved)
+VARIANTS = {"regs 64": 64, "staged 128": 128}  # name: rows per block (LMF_PREFILL_REGS)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--name", default="prefill_blocks")
-    ap.add_argument("--warps", type=int, nargs="*", default=[getattr(gk, WARPS_ATTR)])
     args = ap.parse_args()
     torch.manual_seed(0)
     ceilings = measure_ceilings()
     block = kimi_rank_block("bf16")
     cfg = block.cfg
     experts, inter, latent = block.num_local_experts, cfg.moe_intermediate_size, cfg.latent_size
-    variants = _variants(args.warps)
+    variants = VARIANTS
     rows = []
     for kind, m in CASES:
         ids, weights, z = routing(block, m, kind)
@@ -77,19 +58,17 @@ def main() -> None:
         hit = int(torch.unique(ids[ids >= 0]).numel())
         floor_us = 2 * 3 * inter * latent * valid / ceilings["bf16_flop_per_s"] * 1e6
         ops, l1s, l2s = {}, {}, {}
-        for name, (bm, warps) in variants.items():
-            def op(bm: int = bm, warps: int | None = warps) -> torch.Tensor:
+        for name, bm in variants.items():
+            def op(bm: int = bm) -> torch.Tensor:
                 with env_applied({PREFILL_REGS_ENV: str(bm)}):
-                    return _with_warps(warps, lambda: run_experts(*routed, rms_weight=block.norm_weight,
-                                                                  eps=cfg.rms_norm_eps))
+                    return run_experts(*routed, rms_weight=block.norm_weight, eps=cfg.rms_norm_eps)
             grouping = group_by_expert(ids, experts, bm)
             act = torch.full((grouping.nb_max * bm, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
             pairs = torch.full((ids.numel(), latent), float("nan"), dtype=torch.float32, device="cuda")
 
-            def l1(g=grouping, act=act, bm=bm, warps=warps) -> None:
-                _with_warps(warps, lambda: launch_routed_l1(z, block.w13, block.w13_scale, g.sorted_pairs,
-                                                            g.block_expert, act, g.nb_max, bm, cfg.top_k,
-                                                            cfg.situ_beta, cfg.situ_linear_beta))
+            def l1(g=grouping, act=act, bm=bm) -> None:
+                launch_routed_l1(z, block.w13, block.w13_scale, g.sorted_pairs, g.block_expert, act, g.nb_max, bm,
+                                 cfg.top_k, cfg.situ_beta, cfg.situ_linear_beta)
 
             def l2(g=grouping, act=act, pairs=pairs, bm=bm) -> None:
                 launch_routed_l2(act, block.w2, block.w2_scale, g.sorted_pairs, g.block_expert, pairs, g.nb_max, bm)

@@ -1,8 +1,10 @@
 """The routed op beyond decode (MXFP4, Kimi K3 rank: EP8, 112 of 896 experts, top-16): the Triton prefill tiles
-(LMF_PREFILL_REGS=0), the register-dequant kernels in 32- and 64-row blocks (LMF_PREFILL_REGS=32 / 64), and the
-default: those kernels in 64-row blocks up to producer_config.PREFILL_REGS_MAX_ROWS pairs per local expert counted as
-if every pair were local, beyond that a choice on the GPU by the local experts' mean rows (moe_align_choice.py; both
-families launch).
+(LMF_PREFILL_REGS=0), the register-dequant kernels in 32- and 64-row blocks (LMF_PREFILL_REGS=32 / 64), the staged
+kernels in 128-row blocks (LMF_PREFILL_REGS=128), the default (32-, 64- then 128-row blocks by the pairs per local
+expert counted as if every pair were local: producer_config.prefill_regs_block_m) and "gpu choice"
+(LMF_PREFILL_REGS=choice, the default before the staged kernels: 32- and 64-row blocks up to PREFILL_REGS_MAX_ROWS,
+beyond that a choice on the GPU between the 64-row blocks and the Triton tiles by the local experts' mean rows,
+moe_align_choice.py; both families launch).
 
 Routings: "ep_share" (the block's router on random tokens, the other ranks' experts -1; rows_per_hit_expert says how
 many rows each local expert holds) and "all_local" (every token's 16 experts among the rank's 112: M x 16 / 112 rows
@@ -11,7 +13,7 @@ Each variant runs `run_experts` (grouping, L1, L2, combine + RMSNorm) on the sam
 between CUDA events, in 5 alternating rounds, median per call. Floor: the routed experts' FLOPs (2 x 3 x I x L per
 valid pair) over the measured BF16 matmul rate. Error: relative L2 against the Triton tiles' output (both FP32 sums
 rounded once; not bitwise). Host time: one call's, from an idle GPU (outside CUDA graphs prefill pays it).
-"picked": what the default ran (host: regs / host: triton tiles, or gpu: ... where the GPU chose).
+"picked": what the default and "gpu choice" ran (host: regs / host: triton tiles, or gpu: ... where the GPU chose).
 
     PYTHONPATH=. python3 bench/prefill_regs.py --out bench/results
 """
@@ -44,7 +46,8 @@ from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_EN
 
 SIZES = (192, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 ALL_LOCAL_SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768)
-SETTINGS = {"triton tiles": "0", "default": "", "regs 32 forced": "32", "regs 64 forced": "64"}
+SETTINGS = {"triton tiles": "0", "default": "", "gpu choice": "choice", "regs 32 forced": "32", "regs 64 forced": "64",
+            "staged 128 forced": "128"}
 # Per-kernel breakdowns: the default's 64-row kernels on an EP share, and where the GPU chooses (dead programs of the
 # unpicked family).
 KERNEL_CASES = ("ep_share:4096", "ep_share:16384", "all_local:16384", "all_local:32768")
@@ -62,9 +65,9 @@ def routing(block: KimiK3MoEBlock, m: int, kind: str) -> tuple[torch.Tensor, tor
     return ids, weights, z
 
 
-def picked(routed: tuple, num_pairs: int, num_experts: int) -> str:
-    """What the default setting runs for these routed arguments."""
-    with env_applied({PREFILL_REGS_ENV: ""}):
+def picked(routed: tuple, num_pairs: int, num_experts: int, setting: str = "") -> str:
+    """What a setting (default: unset) runs for these routed arguments."""
+    with env_applied({PREFILL_REGS_ENV: setting}):
         cfg = pick_config(num_pairs, "mxfp4", torch.bfloat16, num_experts)
         if not cfg.device_choice_bm:
             return "host: regs" if cfg.routed_regs else "host: triton tiles"
@@ -101,8 +104,9 @@ def main() -> None:
             with env_applied({PREFILL_REGS_ENV: value}):
                 block_rows[name] = pick_config(m * cfg.top_k, "mxfp4", torch.bfloat16, block.num_local_experts).bm
         default_runs = picked(routed, m * cfg.top_k, block.num_local_experts)
-        if default_runs == "host: regs":
-            settings.pop(f"regs {block_rows['default']} forced", None)  # the default already
+        choice_runs = picked(routed, m * cfg.top_k, block.num_local_experts, "choice")
+        if default_runs == "host: regs":  # the forced setting of the default's blocks runs the default already
+            settings = {n: v for n, v in settings.items() if n == "default" or v != str(block_rows["default"])}
         fns = {}
         for name, value in settings.items():
             def call(value: str = value) -> torch.Tensor:
@@ -115,14 +119,15 @@ def main() -> None:
         valid = int((ids >= 0).sum())
         hit = int(torch.unique(ids[ids >= 0]).numel())
         floor_us = 2 * 3 * cfg.moe_intermediate_size * cfg.latent_size * valid / ceilings["bf16_flop_per_s"] * 1e6
-        best_forced = min(times[n] for n in fns if n != "default")
+        best_forced = min(times[n] for n in fns if n not in ("default", "gpu choice"))
         if f"{kind}:{m}" in args.kernels:
             for name, fn in fns.items():
                 kernels[f"{kind}, M = {m}, {name}"] = kernel_times_us(fn, top=10)
         for name in fns:
             us = times[name] * 1e3
             rows.append({"routing": kind, "M": m, "setting": name, f"{PREFILL_REGS_ENV}": settings[name] or "unset",
-                         "picked": default_runs if name == "default" else "", "block_rows": block_rows[name],
+                         "picked": {"default": default_runs, "gpu choice": choice_runs}.get(name, ""),
+                         "block_rows": block_rows[name],
                          "rows_per_hit_expert": valid / max(hit, 1), "us": us, "host_us": host[name],
                          "vs_triton_tiles": times["triton tiles"] / times[name],
                          "vs_best_forced": best_forced / times[name], "floor_us": floor_us,
@@ -135,7 +140,8 @@ def main() -> None:
         "timing": "4 calls back to back between CUDA events, 5 alternating rounds, median per call",
         "floor": "routed FLOPs (2 x 3 x I x L per valid pair) / measured BF16 matmul rate",
         "block_rows": "rows per expert block: 64 / 128 for the Triton tiles (up to / beyond 4096 pairs), 16 / 32 / 64 "
-                      "for the register-dequant kernels; default with a GPU choice: the Triton tiles' 128 (and 64)",
+                      "for the register-dequant kernels, 128 for the staged kernels; gpu choice beyond the host bound: "
+                      "the Triton tiles' 128 (the GPU may run the 64-row blocks instead, see picked)",
         "vs_best_forced": "the fastest forced setting over this one: the default's cost of its choice",
         "host_us": "median host time of one call from an idle GPU to its return (bench.common.host_us, 20 calls): "
                    "where it nears us, the back-to-back figure is partly the host's",

@@ -46,22 +46,20 @@ def compile_sm90(which: str, split: int = 1, ring: str = "loads", order: str = "
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn, sig, warps = (rg.l1_regs_kernel, L1_SIG, gk.L1_WARPS) if which == "l1" else (rg.l2_regs_kernel, L2_SIG, gk.L2_WARPS)
-    if which == "l1" and bm == gk.STACKED_BLOCK_ROWS:
-        warps = gk.STACKED_L1_WARPS
     # Integer arguments the launcher passes are multiples of 16 at these sizes (what the JIT specialises on).
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items()) if t != "fp32" and n != "top_k"}
     kind, stages = gk.WEIGHT_RINGS[ring]
     constexprs = {"BM": bm, "BK": gk.STEP_K, "SPLIT": split, "num_warps": warps, "RING": kind, "STAGES": stages,
-                  "ORDER": order} | ({} if which == "l1" else {"HALVES": 1})
+                  "ORDER": order}
     if kind == "tma":  # the launcher's descriptor (gluon_kernels._words_descriptor)
-        rows = 16 * warps // (2 if which == "l1" and bm == gk.STACKED_BLOCK_ROWS else 1)  # stacked: half per tile
+        rows = 16 * warps
         box = f"2, {rows}, {gk.STEP_K // 8}" if which == "l1" else f"{rows}, {gk.STEP_K // 8}"
         layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3 if which == "l1" else 2)
         desc = f"tensordesc<i32[{box}],{layout!r}>"
     else:
         desc, constexprs["w_desc"] = "constexpr", None
     sig = dict(sig, w_desc=desc, BM="constexpr", BK="constexpr", SPLIT="constexpr", num_warps="constexpr",
-               RING="constexpr", STAGES="constexpr", ORDER="constexpr", **({} if which == "l1" else {"HALVES": "constexpr"}))
+               RING="constexpr", STAGES="constexpr", ORDER="constexpr")
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     cap = gk.max_registers(which, kind, bm)
     options = {"num_warps": warps} | ({"maxnreg": cap} if cap else {})
@@ -84,14 +82,10 @@ def loop_stats(which: str, split: int = 1, ring: str = "loads", order: str = "au
     ops = main_loop(sass)
     hist = collections.Counter(op.split(".")[0] for op in ops)
     warps = gk.L1_WARPS if which == "l1" else gk.L2_WARPS
-    if which == "l1" and bm == gk.STACKED_BLOCK_ROWS:
-        warps = gk.STACKED_L1_WARPS
     # k steps in the range: 8 wgmma (k 16 each) per tile and step, L1 gate + up (the ring loops are unrolled,
     # and the longest backward-branch range may take in their last steps too)
-    # (L1's 128-row blocks: one tile holding gate and up rows)
-    tiles = 2 if which == "l1" and bm != gk.STACKED_BLOCK_ROWS else 1
-    steps = hist["HGMMA"] / (8 * tiles)
-    per_step = tiles * 16 * warps * gk.STEP_K  # weight elements per step (L1: gate + up)
+    steps = hist["HGMMA"] / (16 if which == "l1" else 8)
+    per_step = (2 if which == "l1" else 1) * 16 * warps * gk.STEP_K  # weight elements per step (L1: gate + up)
     return {"kernel": f"{which}_regs_kernel", "ring": ring, "k_slices": split, "block_rows": bm, "order": order,
             "warps": warps, "rows": 16 * warps,
             "registers": registers(kernel.asm["cubin"]), "spills": len(re.findall(r"\b(?:LDL|STL)\b", sass)),

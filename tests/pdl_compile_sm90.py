@@ -124,7 +124,7 @@ def main() -> None:
     common = dict(BM=gk.BLOCK_ROWS[0], BK=gk.STEP_K, SPLIT=2)
     out["l1_regs_kernel"] = _gluon(rg.l1_regs_kernel, L1_SIG, common | dict(num_warps=gk.L1_WARPS, SIGNAL=True),
                                    gk.L1_WARPS)
-    out["l2_regs_kernel"] = _gluon(rg.l2_regs_kernel, L2_SIG, common | dict(num_warps=gk.L2_WARPS, PDL=True, HALVES=1),
+    out["l2_regs_kernel"] = _gluon(rg.l2_regs_kernel, L2_SIG, common | dict(num_warps=gk.L2_WARPS, PDL=True),
                                    gk.L2_WARPS)
     found = {name: positions(k.asm["ptx"]) for name, k in out.items()}
     runtime_args = [n for n, t in gemv_sig.items() if t != "constexpr"]  # the PTX parameters, in order

@@ -1,5 +1,6 @@
-"""Routed MXFP4 experts beyond decode on sm_90: the grouping picks the register-dequant kernels or the Triton tiles
-on the GPU by the local experts' rows (pytest -m gpu). Against the float64 reference and the forced paths (bitwise:
+"""Routed MXFP4 experts beyond decode on sm_90 under LMF_PREFILL_REGS=choice (the policy before the staged kernels,
+kept to compare): the grouping picks the 64-row register-dequant blocks or the Triton tiles on the GPU by the local
+experts' rows (pytest -m gpu). Against the float64 reference and the forced paths (bitwise:
 the same kernels on the same blocks), every output written, and under CUDA-graph capture the pick follows the
 replayed ids."""
 
@@ -12,6 +13,7 @@ from latent_moe_fusion.ops.triton_kernels.expert_schedule import planned_groupin
 from latent_moe_fusion.ops.triton_kernels.moe_align_choice import GroupingChoice
 from latent_moe_fusion.ops.triton_kernels.producer_config import (
     PREFILL_CHOICE_MAX_ROWS,
+    PREFILL_CHOICE_SETTING,
     PREFILL_REGS_BLOCK_M,
     PREFILL_REGS_ENV,
     PREFILL_REGS_MAX_ROWS,
@@ -28,6 +30,7 @@ pytestmark = SM90_ONLY
 SIZES = SMALL
 M = 8448  # 135168 pairs
 REGS = str(PREFILL_REGS_BLOCK_M)  # the forced setting that runs the regs blocks the GPU picks
+CHOICE = PREFILL_CHOICE_SETTING
 assert M * SIZES["top_k"] > PREFILL_REGS_MAX_ROWS * SIZES["num_experts"]
 assert M * SIZES["top_k"] // 8 < PREFILL_CHOICE_MAX_ROWS * SIZES["num_experts"] < M * SIZES["top_k"]
 
@@ -59,23 +62,23 @@ def _run(p, monkeypatch, setting: str) -> torch.Tensor:
 @pytest.mark.parametrize("routing,picks_regs", [("ep_share", True), ("all_local", False)])
 def test_the_gpu_picks_by_local_rows_and_matches_the_forced_path(routing, picks_regs, monkeypatch, rng_seed):
     p = _problem(routing)
-    monkeypatch.setenv(PREFILL_REGS_ENV, "")
+    monkeypatch.setenv(PREFILL_REGS_ENV, CHOICE)
     choice = planned_grouping(p.z, p.topk_ids, p.w13, p.w2, "mxfp4", p.w13_scale, p.w2_scale)
     assert isinstance(choice, GroupingChoice) and int(choice.picked_small.item()) == int(picks_regs)
-    y = _run(p, monkeypatch, "")
+    y = _run(p, monkeypatch, CHOICE)
     assert torch.isfinite(y).all()  # every element written over the NaN poison
     assert rel_l2(y, routed64(*p.routed_args())) < tolerance(torch.bfloat16)
     forced = _run(p, monkeypatch, REGS if picks_regs else "0")
     assert torch.equal(y, forced)  # the same kernels on the same blocks
-    assert torch.equal(_run(p, monkeypatch, ""), y)  # bitwise repeatable
+    assert torch.equal(_run(p, monkeypatch, CHOICE), y)  # bitwise repeatable
 
 
 def test_a_given_grouping_choice_is_used(monkeypatch, rng_seed):
     p = _problem("ep_share")
-    monkeypatch.setenv(PREFILL_REGS_ENV, "")
+    monkeypatch.setenv(PREFILL_REGS_ENV, CHOICE)
     choice = planned_grouping(p.z, p.topk_ids, p.w13, p.w2, "mxfp4", p.w13_scale, p.w2_scale)
     y = run_experts(*p.routed_args(), grouping=choice)
-    assert torch.equal(y, _run(p, monkeypatch, ""))
+    assert torch.equal(y, _run(p, monkeypatch, CHOICE))
     plain = planned_grouping(p.z, p.topk_ids, p.w13, p.w2, "mxfp4")  # no scales: planned as plain Triton blocks
     with pytest.raises(ValueError, match="picks on the GPU .*scales included"):
         run_experts(*p.routed_args(), grouping=plain)
@@ -83,7 +86,7 @@ def test_a_given_grouping_choice_is_used(monkeypatch, rng_seed):
 
 def test_the_pick_follows_the_replayed_ids_in_a_cuda_graph(monkeypatch, rng_seed):
     p = _problem("ep_share")
-    monkeypatch.setenv(PREFILL_REGS_ENV, "")
+    monkeypatch.setenv(PREFILL_REGS_ENV, CHOICE)
     graph, out = capture_routed(p)
     for routing, forced in (("all_local", "0"), ("ep_share", REGS)):  # captured on an EP share: both picks replay
         replay_on(graph, out, p, _problem(routing))
@@ -92,6 +95,6 @@ def test_the_pick_follows_the_replayed_ids_in_a_cuda_graph(monkeypatch, rng_seed
 
 
 def test_opcheck_where_the_gpu_picks(monkeypatch, rng_seed):
-    monkeypatch.setenv(PREFILL_REGS_ENV, "")
+    monkeypatch.setenv(PREFILL_REGS_ENV, CHOICE)
     p = _problem("ep_share")
     torch.library.opcheck(torch.ops.lmf.routed_experts.default, p.routed_args())

@@ -83,10 +83,15 @@ def test_routed_regs_for_mxfp4_on_hopper_while_experts_hold_few_rows(hopper, mon
     few = producer_config.PREFILL_REGS_FEW_ROWS * LOCAL_EXPERTS  # pairs, were every one local: M = 896 at top-16
     assert pick(512 * 16) == pick(few) == (True, 32)  # up to here 32-row blocks, beyond 64-row ones
     assert pick(few + 16) == pick(1024 * 16) == (True, 64) and pick(160 * 16, experts=16) == (True, 64)
+    staged = producer_config.PREFILL_STAGED_MIN_ROWS * LOCAL_EXPERTS  # pairs, were every one local: M = 3584
+    assert pick(staged) == (True, 64) and pick(staged + 16) == pick(4096 * 16) == (True, 128)  # the staged blocks
+    assert pick(32768 * 16) == pick(10**6 * 16) == (True, 128) and choice_bm(32768 * 16) == 0  # at any size
+    monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, producer_config.PREFILL_CHOICE_SETTING)  # the policy before
+    assert pick(few + 16) == pick(4096 * 16) == (True, 64)
     most = producer_config.PREFILL_REGS_MAX_ROWS * LOCAL_EXPERTS  # pairs, were every one local: M = 28672 at top-16
     assert pick(most) == (True, producer_config.PREFILL_REGS_BLOCK_M) == (True, 64)
     assert pick(most + 16) == (False, 128) and pick(32768 * 16) == (False, 128)  # beyond: the Triton tiles ...
-    choice = producer_config.PREFILL_REGS_BLOCK_M  # ... or the regs blocks, picked on the GPU by the local rows
+    choice = producer_config.PREFILL_REGS_BLOCK_M  # ... or the 64-row blocks, picked on the GPU by the local rows
     assert choice_bm(most + 16) == choice_bm(32768 * 16) == choice and choice_bm(most) == choice_bm(2048) == 0
     assert choice_bm(most + 16, fmt="bf16") == 0
     assert pick(16, fmt="bf16")[0] is False
@@ -98,7 +103,8 @@ def test_routed_regs_for_mxfp4_on_hopper_while_experts_hold_few_rows(hopper, mon
         monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, rows)
         assert pick(32768 * 16) == (True, int(rows)) and pick(64 * 16, experts=16) == (True, int(rows))
     monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, "256")
-    with pytest.raises(ValueError, match="LMF_PREFILL_REGS='256': expected 0 .*, a block of 16 or 32 or 64 or 128 rows"):
+    with pytest.raises(ValueError, match="LMF_PREFILL_REGS='256': expected 0 .*, a block of 16 or 32 or 64 or 128 rows"
+                                         ".*'choice'"):
         pick(8192 * 16)
     monkeypatch.delenv(producer_config.PREFILL_REGS_ENV)
     monkeypatch.setenv("LMF_MXFP4_REGS", "0")

@@ -1,5 +1,6 @@
-"""Gluon kernels (sm_90): routed MXFP4 decode GEMMs with register-resident dequantisation (routed_gemm.py),
-and the CUDA-core GEMVs for one to four tokens (routed_gemv.py, launched by triton_kernels/routed_gemv.py).
+"""Gluon kernels (sm_90): routed MXFP4 decode GEMMs with register-resident dequantisation (routed_gemm.py), the
+prefill GEMMs that dequantise into shared memory for 128-row blocks (routed_staged.py), and the CUDA-core GEMVs for
+one to four tokens (routed_gemv.py, launched by triton_kernels/routed_gemv.py).
 
 Used by the Triton backend's schedule (triton_kernels/expert_schedule.py) for MXFP4 decode blocks
 on Hopper; `regs_path_reason` says why a call cannot take them (None if it can).
@@ -20,12 +21,15 @@ ENV_SWITCH = "LMF_MXFP4_REGS"  # read by producer_config.regs_enabled too (the p
 BLOCK_ROWS = (16, 32, 64, 128)  # rows per expert block the kernels take (the MMA's N at most; decode: 16, 32)
 # A block runs the MMA with N = 16 or 32 on its first rows where no more of them hold a pair (routed_gemm.
 # _valid_rows). 64-row blocks serve beyond decode: each block dequantises its weights once for twice the rows.
-# 128-row blocks: L1 holds its gate and up rows in one accumulator (routed_gemm._l1_stacked_rows: half the
-# columns per program, the registers of 64-row blocks), L2 runs each block as two 64-row halves (its 128-row
-# MMA needs 198 registers, one CTA per SM, and ran 1.3x slower: regs_block_rows_probes.md).
-STACKED_BLOCK_ROWS = 128
-STACKED_L1_WARPS = 4
-L2_MAX_BLOCK_ROWS = 64
+# 128-row blocks run the staged kernels (routed_staged.py: weights dequantised once per program into shared memory,
+# asynchronous wgmma from shared memory; N = 64 on blocks with at most 64 valid rows).
+STAGED_BLOCK_ROWS = 128
+STAGED_WARPS = 8  # two warp groups, 128 weight rows per program (L1: 64 gate + 64 up columns)
+STAGED_STEP_K = 64
+STAGED_K_MULTIPLE = 4 * STAGED_STEP_K  # the k loop runs whole rounds of its 4-stage rings
+# 2 CTAs per SM: 112 KB of shared memory each and at most 128 registers (L1 takes 135 uncapped, no spills under the
+# cap). H200, EP share of M = 4096: L1 1345 us at one CTA per SM, 1090 at two (bench/results/prefill_blocks.md).
+STAGED_MAX_REGISTERS = 128
 # H200, Kimi K3 rank, L1 + L2 alone (bench/results/regs_block_rows.md): 64-row blocks (TMA rings, uncapped) against
 # 32-row blocks (L2 on the cp.async ring beyond L2_TMA_MAX_PAIRS) 0.98x at 30 rows per hit expert, 1.09x at 57,
 # 1.14x at 108, 1.20x at 211, 1.27x at 392 (EP share), 1.15x at 146, 1.27x at 293, 1.25x at 585 (all local).
@@ -96,7 +100,7 @@ def max_registers(kernel: str, ring_kind: str, block_m: int = 32) -> int | None:
         return None
     if override != "auto":
         return int(override)
-    if block_m >= 64:
+    if block_m == 64:
         return None
     if kernel == "l1":
         return None if ring_kind == "tma" else L1_MAX_REGISTERS
@@ -131,6 +135,9 @@ def regs_path_reason(
     latent, inter = z.shape[1], w2.shape[-1] * 2
     if latent % max(STEP_K, ROW_TILES[1]) or inter % max(STEP_K, ROW_TILES[0]):
         return f"L = {latent} must be a multiple of {max(STEP_K, ROW_TILES[1])} and I = {inter} of {max(STEP_K, ROW_TILES[0])}"
+    if block_m == STAGED_BLOCK_ROWS and (latent % STAGED_K_MULTIPLE or inter % STAGED_K_MULTIPLE):
+        return (f"{STAGED_BLOCK_ROWS}-row blocks need L = {latent} and I = {inter} to be multiples of "
+                f"{STAGED_K_MULTIPLE} (whole rounds of the staged kernels' rings)")
     for w, s in ((w13, w13_scale), (w2, w2_scale)):
         if not (w.is_contiguous() and s is not None and s.is_contiguous()) or w.data_ptr() % 16:
             return "weights and scales must be contiguous with 16-byte aligned weights"
@@ -184,7 +191,7 @@ def _words_descriptor(words: torch.Tensor, rows: int, ring: str, dual: bool):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    if dual:  # rows per tile: the gate and up tiles of two accumulators, or the halves of one (stacked)
+    if dual:
         view = words.view(words.shape[0] * 2, words.shape[1] // 2, words.shape[2])
         block = [2, rows, STEP_K // 8]
     else:
@@ -192,6 +199,53 @@ def _words_descriptor(words: torch.Tensor, rows: int, ring: str, dual: bool):
         block = [rows, STEP_K // 8]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=view.dim())
     return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
+
+
+def _staged_descriptor(words: torch.Tensor, gated: bool):
+    """TMA descriptor of the weight words for the staged kernels, one 64-wide k step of a program's rows per box:
+    [2E, I, K / 8] int32 with 64 gate rows and the same columns' up rows (L1), else [E * N, K / 8] (L2)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rows = 16 * STAGED_WARPS
+    if gated:
+        view = words.view(words.shape[0] * 2, words.shape[1] // 2, words.shape[2])
+        block = [2, rows // 2, STAGED_STEP_K // 8]
+    else:
+        view = words.view(-1, words.shape[-1])
+        block = [rows, STAGED_STEP_K // 8]
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=view.dim())
+    return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
+
+
+def _launch_staged_l1(
+    z: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, sorted_pairs: torch.Tensor,
+    block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, top_k: int, beta: float, lin_beta: float,
+) -> None:
+    from .routed_staged import l1_staged_kernel
+
+    latent, inter = z.shape[1], w13.shape[1] // 2
+    grid = (num_blocks * (inter // (8 * STAGED_WARPS)),)
+    l1_staged_kernel[grid](
+        z, w13_scale, sorted_pairs, block_expert, act, inter, latent, latent // MXFP4_BLOCK, top_k,
+        w13_scale.stride(0), float(beta), float(lin_beta), _staged_descriptor(w13.view(torch.int32), gated=True),
+        BM=STAGED_BLOCK_ROWS, num_warps=STAGED_WARPS, maxnreg=STAGED_MAX_REGISTERS,
+    )
+
+
+def _launch_staged_l2(
+    act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, sorted_pairs: torch.Tensor,
+    block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int,
+) -> None:
+    from .routed_staged import l2_staged_kernel
+
+    latent, inter = w2.shape[1], act.shape[1]
+    grid = (num_blocks * (latent // (16 * STAGED_WARPS)),)
+    l2_staged_kernel[grid](
+        act, w2_scale, sorted_pairs, block_expert, pairs, latent, inter, inter // MXFP4_BLOCK, w2_scale.stride(0),
+        _staged_descriptor(w2.view(torch.int32), gated=False), BM=STAGED_BLOCK_ROWS, num_warps=STAGED_WARPS,
+        maxnreg=STAGED_MAX_REGISTERS,
+    )
 
 
 def launch_routed_l1(
@@ -203,29 +257,32 @@ def launch_routed_l1(
     split > 1: K in that many slices of FP32 partial sums, then the ordered-sum + SiTU finish.
     signal: L1 lets its dependents launch at once and the finish goes out as a programmatic dependent
     (ops/pdl.py), so that a dependent L2 launched next can prefetch its weights while L1 runs.
-    ring: how the weight words arrive (WEIGHT_RINGS; None: weight_rings())."""
+    ring: how the weight words arrive (WEIGHT_RINGS; None: weight_rings()); 128-row blocks take the staged kernel
+    (one ring of its own; whole K, no signal)."""
     from ..triton_kernels.split_k import launch_l1_finish
     from .routed_gemm import l1_regs_kernel
+
+    if block_m == STAGED_BLOCK_ROWS:
+        if split != 1 or signal:
+            raise ValueError(f"{STAGED_BLOCK_ROWS}-row blocks run whole K without programmatic dependents "
+                             f"(split = {split}, signal = {signal}): K slices and PDL are for decode blocks")
+        _launch_staged_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, num_blocks, top_k, beta, lin_beta)
+        return
 
     latent = z.shape[1]
     inter = w13.shape[1] // 2
     words = w13.view(torch.int32)
     n_rows = num_blocks * block_m
     h_part = act if split == 1 else torch.empty(split, n_rows, 2 * inter, dtype=torch.float32, device=z.device)
-    stacked = block_m == STACKED_BLOCK_ROWS
-    if stacked and split != 1:
-        raise ValueError(f"{STACKED_BLOCK_ROWS}-row blocks run whole K (split = {split}): K slices are for decode")
-    warps = STACKED_L1_WARPS if stacked else L1_WARPS
-    tile_n = 16 * warps // (2 if stacked else 1)  # intermediate columns per program
-    grid = (num_blocks * (inter // tile_n) * split,)
+    grid = (num_blocks * (inter // (16 * L1_WARPS)) * split,)
     ring = ring_for(weight_rings(z.shape[0] * top_k, block_m)[0] if ring is None else ring, latent // split // STEP_K,
                     split)
     kind, stages = WEIGHT_RINGS[ring]
     l1_regs_kernel[grid](
         z, words, w13_scale, sorted_pairs, block_expert, act, h_part, n_rows, inter, latent, latent // 8,
         latent // MXFP4_BLOCK, top_k, words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta),
-        _words_descriptor(words, tile_n, ring, dual=True),
-        BM=block_m, BK=STEP_K, SPLIT=split, num_warps=warps, SIGNAL=signal, RING=kind, STAGES=stages,
+        _words_descriptor(words, 16 * L1_WARPS, ring, dual=True),
+        BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L1_WARPS, SIGNAL=signal, RING=kind, STAGES=stages,
         ORDER=load_order(), maxnreg=max_registers("l1", kind, block_m),
     )
     if split > 1:
@@ -242,15 +299,20 @@ def launch_routed_l2(
     holds one K slice's sums per leading index (the combine adds them in order).
     dependent: launch as a programmatic dependent of the kernel just before it on the stream, which must
     be launch_routed_l1's with signal=True (its L1 or finish): the grouping must have finished before.
-    Blocks beyond L2_MAX_BLOCK_ROWS rows run as parts of that many rows."""
+    128-row blocks take the staged kernel (whole K, not dependent)."""
     from .routed_gemm import l2_regs_kernel
+
+    if block_m == STAGED_BLOCK_ROWS:
+        if dependent or pairs.dim() == 3:
+            raise ValueError(f"{STAGED_BLOCK_ROWS}-row blocks run whole K as an ordinary launch (dependent = "
+                             f"{dependent}, pairs {tuple(pairs.shape)}): K slices and PDL are for decode blocks")
+        _launch_staged_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, num_blocks)
+        return
 
     latent = w2.shape[1]
     inter = act.shape[1]
     words = w2.view(torch.int32)
     split = pairs.shape[0] if pairs.dim() == 3 else 1
-    halves = max(block_m // L2_MAX_BLOCK_ROWS, 1)
-    num_blocks, block_m = num_blocks * halves, block_m // halves
     grid = (num_blocks * (latent // (16 * L2_WARPS)) * split,)
     ring = ring_for(weight_rings(pairs.shape[-2], block_m)[1] if ring is None else ring, inter // split // STEP_K, split)
     kind, stages = WEIGHT_RINGS[ring]
@@ -258,5 +320,5 @@ def launch_routed_l2(
         act, words, w2_scale, sorted_pairs, block_expert, pairs, pairs.stride(0) if split > 1 else 0, latent, inter,
         inter // 8, inter // MXFP4_BLOCK, words.stride(0), w2_scale.stride(0), _words_descriptor(words, 16 * L2_WARPS, ring, dual=False),
         BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L2_WARPS, PDL=dependent, launch_pdl=dependent, RING=kind,
-        STAGES=stages, ORDER=load_order(), HALVES=halves, maxnreg=max_registers("l2", kind, block_m),
+        STAGES=stages, ORDER=load_order(), maxnreg=max_registers("l2", kind, block_m),
     )

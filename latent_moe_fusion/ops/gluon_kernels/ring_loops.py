@@ -2,9 +2,8 @@
 stream through shared-memory stages (k steps in flight independent of registers) instead of 16-byte
 loads one step ahead, and each thread reads back its own fragment's 16 bytes.
 
-- `mainloop_tma`: 4 stages filled by TMA from one thread (L1's gate and up tiles in one 3-d box: two
-  accumulators, or STACKED as the two halves of one tile), one mbarrier each; a stage is refilled one
-  step after its last read, armed one step before.
+- `mainloop_tma`: 4 stages filled by TMA from one thread (L1's gate and up tiles in one 3-d box), one
+  mbarrier each; a stage is refilled one step after its last read, armed one step before.
 - `mainloop_cp`: 2 or 4 stages filled per thread by cp.async (zero-filled past the K range), drained by
   a plain `cp.async.wait_group` (each thread reads back only what it copied).
 
@@ -71,9 +70,9 @@ def _alloc_ring(w_desc, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _ring_coord(w_row, k, BOX3: gl.constexpr):
+def _ring_coord(w_row, k, DUAL: gl.constexpr):
     """The box's coordinates: L1 [2 * expert (gate; up next), row, word], L2 [expert * rows + row, word]."""
-    if BOX3:
+    if DUAL:
         coord = [w_row[0], w_row[1], k // 8]
     else:
         coord = [w_row, k // 8]
@@ -81,17 +80,13 @@ def _ring_coord(w_row, k, BOX3: gl.constexpr):
 
 
 @gluon.jit
-def _tile_words(stage, t: gl.constexpr, DUAL: gl.constexpr, layout: gl.constexpr, STACKED: gl.constexpr = False):
-    """Tile t's words [BN, BK/8] of a stage: L1's stages hold [gate, up] (one 3-d box; STACKED: both halves of
-    one [2 * rows, BK/8] tile), L2's one tile."""
-    if DUAL or STACKED:
+def _tile_words(stage, t: gl.constexpr, DUAL: gl.constexpr, layout: gl.constexpr):
+    """Tile t's words [BN, BK/8] of a stage: L1's stages hold [gate, up] (one 3-d box), L2's one tile."""
+    if DUAL:
         rows: gl.constexpr = stage.shape[1]
         flat = stage._reinterpret(gl.int32, [2 * rows, stage.shape[2]],
                                   gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
-        if STACKED:
-            words = flat.load(layout)
-        else:
-            words = flat.slice(t * rows, rows).load(layout)
+        words = flat.slice(t * rows, rows).load(layout)
     else:
         words = stage.load(layout)
     return words
@@ -100,7 +95,7 @@ def _tile_words(stage, t: gl.constexpr, DUAL: gl.constexpr, layout: gl.constexpr
 @gluon.jit
 def _tma_step(u: gl.constexpr, i, ws, rs, buf, w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, n_steps,
               sc, sc2, act, acc, acc2, DUAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-              NW: gl.constexpr, ORDER: gl.constexpr, STACKED: gl.constexpr):
+              NW: gl.constexpr, ORDER: gl.constexpr):
     STAGES: gl.constexpr = 4
     words_l: gl.constexpr = words_layout(BN, BK, NW)
     # When the next step's scales and activation tile are issued: see _next_scales_act.
@@ -108,7 +103,7 @@ def _tma_step(u: gl.constexpr, i, ws, rs, buf, w_desc, w_row, s_ptrs, s2_ptrs, a
     if not LATE:
         sc_nx, sc2_nx, act_nx = _next_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, i, DUAL, BK)
     mbarrier.wait(rs[u], (i // STAGES) & 1)
-    wd = _tile_words(ws[u], 0, DUAL, words_l, STACKED)
+    wd = _tile_words(ws[u], 0, DUAL, words_l)
     wd2 = wd
     if DUAL:
         wd2 = _tile_words(ws[u], 1, DUAL, words_l)
@@ -129,7 +124,7 @@ def _tma_step(u: gl.constexpr, i, ws, rs, buf, w_desc, w_row, s_ptrs, s2_ptrs, a
         sc_nx, sc2_nx, act_nx = _next_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, i, DUAL, BK)
     prev: gl.constexpr = (u + STAGES - 1) % STAGES
     refill = i + STAGES - 1
-    tma.async_copy_global_to_shared(w_desc, _ring_coord(w_row, k_begin + refill * BK, DUAL or STACKED), rs[prev], ws[prev],
+    tma.async_copy_global_to_shared(w_desc, _ring_coord(w_row, k_begin + refill * BK, DUAL), rs[prev], ws[prev],
                                     pred=(i >= 1) & (refill < n_steps))
     mbarrier.expect(rs[u], w_desc.block_type.nbytes, pred=i + STAGES < n_steps)
     acc = dequant_mma(wd, sc, buf, acc, BM, BN, BK, NW)
@@ -140,8 +135,7 @@ def _tma_step(u: gl.constexpr, i, ws, rs, buf, w_desc, w_row, s_ptrs, s2_ptrs, a
 
 @gluon.jit
 def mainloop_tma(w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, DUAL: gl.constexpr,
-                 BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr, ORDER: gl.constexpr,
-                 STACKED: gl.constexpr = False):
+                 BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr, ORDER: gl.constexpr):
     """_mainloop with the weight words streamed by TMA through a ring of 4 shared-memory stages (3 k
     steps ahead per program, independent of registers) instead of 16-byte loads one step ahead. Unrolled
     by 4, every stage and barrier its own allocation: two CTA barriers per step, both for the activation
@@ -158,7 +152,7 @@ def mainloop_tma(w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end,
     n_steps = (k_end - k_begin) // BK
     for st in gl.static_range(STAGES):
         mbarrier.expect(rs[st], w_desc.block_type.nbytes, pred=st < n_steps)
-        tma.async_copy_global_to_shared(w_desc, _ring_coord(w_row, k_begin + st * BK, DUAL or STACKED), rs[st], ws[st],
+        tma.async_copy_global_to_shared(w_desc, _ring_coord(w_row, k_begin + st * BK, DUAL), rs[st], ws[st],
                                         pred=st < n_steps)
     acc = gl.zeros([BN, BM], gl.float32, layout=mma_l)
     acc2 = gl.zeros([BN, BM], gl.float32, layout=mma_l)
@@ -167,7 +161,7 @@ def mainloop_tma(w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end,
         for u in gl.static_range(STAGES):
             sc, sc2, act, acc, acc2 = _tma_step(u, i0 + u, ws, rs, buf, w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask,
                                                 k_begin, k_end, n_steps, sc, sc2, act, acc, acc2, DUAL, BM, BN, BK, NW,
-                                                ORDER, STACKED)
+                                                ORDER)
     return acc, acc2
 
 

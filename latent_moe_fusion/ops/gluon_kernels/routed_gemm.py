@@ -29,29 +29,22 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 
 from ..triton_kernels.gdc import prefetch_rows_l2, release_dependents, wait_for_predecessor
 from ..triton_kernels.numerics import situ
-from . import STACKED_BLOCK_ROWS
 from .lut_dequant import WINDOW_SCALE, dequant_mma, to_kappa, words_layout
 from .ring_loops import load_scales_act, mainloop_cp, mainloop_tma
 
 # dequant_kappa gives the weights times 2^-WINDOW (lut_dequant.py): the FP32 sums are scaled back, exactly.
 _UNWINDOW = gl.constexpr(WINDOW_SCALE)
-_STACKED = gl.constexpr(STACKED_BLOCK_ROWS)  # L1 blocks of this many rows run _l1_stacked_rows
 
 # Launch settings (k step, warps per kernel, block rows) live in __init__.py.
 
 
 @gluon.jit
 def _weight_ptrs(w_ptr, s_ptr, expert, row0, row_words, row_scales, stride_we, stride_se,
-                 BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr, second_row0=0, STACKED: gl.constexpr = False):
+                 BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
     """Pointers to the int32 words [BN, BK/8] (one 16-byte load per thread and row) and their scale
-    bytes for k = 0: rows row0 .. row0 + BN, or STACKED rows row0 .. row0 + BN/2 then second_row0 .. (the gate
-    and up rows of one L1 tile)."""
+    bytes for k = 0."""
     words_l: gl.constexpr = words_layout(BN, BK, NW)
-    rn = gl.arange(0, BN, layout=gl.SliceLayout(1, words_l))
-    if STACKED:
-        rn = gl.where(rn < BN // 2, row0 + rn, second_row0 + rn - BN // 2)
-    else:
-        rn = row0 + rn
+    rn = row0 + gl.arange(0, BN, layout=gl.SliceLayout(1, words_l))
     rj = gl.arange(0, BK // 8, layout=gl.SliceLayout(0, words_l))
     e = expert.to(gl.int64)
     w_ptrs = w_ptr + e * stride_we + rn[:, None] * row_words + rj[None, :]
@@ -107,13 +100,12 @@ def _mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, 
 @gluon.jit
 def _weight_mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, w_desc, w_row, a_ptrs, a_mask, k_begin, k_end,
                      DUAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr,
-                     RING: gl.constexpr, STAGES: gl.constexpr, ORDER: gl.constexpr, STACKED: gl.constexpr = False):
+                     RING: gl.constexpr, STAGES: gl.constexpr, ORDER: gl.constexpr):
     """The K loop with the weight words by the loads or through a ring (ring_loops.py); the FP32 sums
-    times 2^WINDOW, undoing the dequantiser's offset (exact). STACKED: one tile whose halves are L1's gate and up
-    rows (the pointers say so; the TMA ring reads its 3-d box as one tile)."""
+    times 2^WINDOW, undoing the dequantiser's offset (exact)."""
     if RING == "tma":
         acc, acc2 = mainloop_tma(w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, DUAL, BM, BN, BK, NW,
-                                 ORDER, STACKED)
+                                 ORDER)
     elif RING == "cp":
         acc, acc2 = mainloop_cp(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, DUAL, BM, BN, BK, NW,
                                 STAGES)
@@ -166,39 +158,6 @@ def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, w_desc, w_row, sorted_pt
 
 
 @gluon.jit
-def _l1_stacked_rows(z_ptr, w_ptrs, s_ptrs, w_desc, w_row, sorted_ptr, act_ptr, row0, n0, inter, K, top_k, beta,
-                     lin_beta, ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr,
-                     RING: gl.constexpr, STAGES: gl.constexpr, ORDER: gl.constexpr):
-    """_l1_rows for prefill blocks: one accumulator [BN, ROWS] whose first BN/2 rows are the gate rows n0 ..
-    n0 + BN/2 and the rest the same columns' up rows. Twice the MMA's N (128-row blocks) for the registers that
-    two accumulators of 64 rows take, so each dequantised weight serves twice the rows. The epilogue pairs the
-    halves through shared memory (convert_layout: a thread then holds row c and row c + BN/2). The same FP32
-    sums per element as the two-accumulator kernels: only the MMA's M and N change."""
-    act_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
-    pos = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, act_l))
-    pair = gl.load(sorted_ptr + pos)
-    tok = gl.where(pair >= 0, pair // top_k, 0)
-    ak = gl.arange(0, BK, layout=gl.SliceLayout(0, act_l))
-    a_ptrs = z_ptr + tok[:, None].to(gl.int64) * K + ak[None, :]
-    a_mask = (pair >= 0)[:, None] & (ak >= 0)[None, :]
-    acc, _ = _weight_mainloop(w_ptrs, s_ptrs, w_ptrs, s_ptrs, w_desc, w_row, a_ptrs, a_mask, 0, K, False,
-                              ROWS, BN, BK, NW, RING, STAGES, ORDER, True)
-    HALF: gl.constexpr = BN // 2
-    # A thread holds rows c and c + HALF of a column (the layout wraps over the two halves), so that the split
-    # below stays in its registers.
-    pair_l: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 32, 1], [1, 1, NW], [1, 0, 2])
-    both = gl.convert_layout(gl.reshape(acc, [2, HALF, ROWS]), pair_l)
-    g, u = gl.split(gl.permute(both, [1, 2, 0]))
-    out_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, NW], [0, 1])
-    g = gl.convert_layout(g, out_l, assert_trivial=True)
-    u = gl.convert_layout(u, out_l, assert_trivial=True)
-    h = situ(g, u, beta, lin_beta)
-    on = n0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, out_l))
-    om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, out_l))
-    gl.store(act_ptr + om[None, :].to(gl.int64) * inter + on[:, None], h.to(act_ptr.dtype.element_ty))
-
-
-@gluon.jit
 def _l2_rows(act_ptr, w_ptrs, s_ptrs, w_desc, w_row, sorted_ptr, pairs_ptr, slice_stride, k_index, row0, n0, latent,
              K, ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr, SPLIT: gl.constexpr,
              RING: gl.constexpr, STAGES: gl.constexpr, ORDER: gl.constexpr):
@@ -234,16 +193,15 @@ def _valid_rows(sorted_ptr, row0, BM: gl.constexpr, NW: gl.constexpr):
 
 
 @gluon.jit
-def _program_tile(block_expert_ptr, n_total, BN: gl.constexpr, SPLIT: gl.constexpr, HALVES: gl.constexpr = 1):
+def _program_tile(block_expert_ptr, n_total, BN: gl.constexpr, SPLIT: gl.constexpr):
     """This program's expert block, its first weight row, the block's expert (-1: unused block) and its
     K slice. The block is the slowest index: the programs of the used blocks (which come first) start
-    before the unused blocks' programs, which only read the expert and exit. HALVES > 1: this kernel's blocks
-    are that many consecutive parts of one grouping block (block_expert per grouping block)."""
+    before the unused blocks' programs, which only read the expert and exit."""
     tiles_n = n_total // BN
     pid = gl.program_id(0)
     blk = pid // (tiles_n * SPLIT)
     within = pid % (tiles_n * SPLIT)
-    return blk, (within % tiles_n) * BN, gl.load(block_expert_ptr + blk // HALVES), within // tiles_n
+    return blk, (within % tiles_n) * BN, gl.load(block_expert_ptr + blk), within // tiles_n
 
 
 @gluon.jit(do_not_specialize=["top_k"])
@@ -256,36 +214,6 @@ def l1_regs_kernel(
     if SIGNAL:  # the dependent finish / L2 may launch now (they wait for this kernel's end)
         release_dependents()
     NW: gl.constexpr = num_warps
-    BN: gl.constexpr = 16 * NW
-    if BM == _STACKED:  # prefill blocks: gate and up rows in one tile (_l1_stacked_rows)
-        gl.static_assert(SPLIT == 1, "K slices are for decode blocks")
-        blk, n0, expert, k_index = _program_tile(block_expert_ptr, inter, BN // 2, SPLIT)
-        if expert >= 0:
-            w_ptrs, s_ptrs = _weight_ptrs(w_ptr, s_ptr, expert, n0, row_words, row_scales, stride_we, stride_se,
-                                          BN, BK, NW, inter + n0, True)
-            args = (z_ptr, w_ptrs, s_ptrs, w_desc, (2 * expert, n0), sorted_ptr, act_ptr, blk * BM, n0, inter, K, top_k,
-                    beta, lin_beta)
-            valid = _valid_rows(sorted_ptr, blk * BM, BM, NW)
-            if valid <= 16:
-                _l1_stacked_rows(*args, 16, BN, BK, NW, RING, STAGES, ORDER)
-            elif valid <= 32:
-                _l1_stacked_rows(*args, 32, BN, BK, NW, RING, STAGES, ORDER)
-            elif valid <= 64:
-                _l1_stacked_rows(*args, 64, BN, BK, NW, RING, STAGES, ORDER)
-            else:
-                _l1_stacked_rows(*args, BM, BN, BK, NW, RING, STAGES, ORDER)
-    else:
-        _l1_two_tiles(z_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, h_part_ptr, n_rows, inter, K,
-                      row_words, row_scales, top_k, stride_we, stride_se, beta, lin_beta, w_desc, BM, BK, SPLIT, NW,
-                      RING, STAGES, ORDER)
-
-
-@gluon.jit
-def _l1_two_tiles(z_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, h_part_ptr, n_rows, inter, K, row_words,
-                  row_scales, top_k, stride_we, stride_se, beta, lin_beta, w_desc, BM: gl.constexpr, BK: gl.constexpr,
-                  SPLIT: gl.constexpr, NW: gl.constexpr, RING: gl.constexpr, STAGES: gl.constexpr,
-                  ORDER: gl.constexpr):
-    """L1 in decode (16 / 32-row) and 64-row blocks: the gate and up tiles in two accumulators."""
     BN: gl.constexpr = 16 * NW
     blk, n0, expert, k_index = _program_tile(block_expert_ptr, inter, BN, SPLIT)
     if expert >= 0:
@@ -315,12 +243,12 @@ def l2_regs_kernel(
     act_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, slice_stride, latent, K, row_words, row_scales,
     stride_we, stride_se, w_desc,
     BM: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
-    RING: gl.constexpr = "loads", STAGES: gl.constexpr = 0, ORDER: gl.constexpr = "auto", HALVES: gl.constexpr = 1,
+    RING: gl.constexpr = "loads", STAGES: gl.constexpr = 0, ORDER: gl.constexpr = "auto",
 ):
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
     # block_expert was written by the grouping, which finished before L1 started: readable before the wait.
-    blk, n0, expert, k_index = _program_tile(block_expert_ptr, latent, BN, SPLIT, HALVES)
+    blk, n0, expert, k_index = _program_tile(block_expert_ptr, latent, BN, SPLIT)
     if PDL:
         # Launched as a programmatic dependent of L1 (or its finish): this program's weight rows go to
         # L2 while L1 runs; act is read only after the wait, and nothing is written before it.

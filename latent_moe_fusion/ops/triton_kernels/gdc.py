@@ -45,5 +45,10 @@ def wait_own_copies_0():
 
 
 @triton.jit
+def wait_own_copies_1():
+    tl.inline_asm_elementwise("cp.async.wait_group 1; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def wait_own_copies_2():
     tl.inline_asm_elementwise("cp.async.wait_group 2; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)

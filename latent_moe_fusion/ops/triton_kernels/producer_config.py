@@ -268,39 +268,57 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
 # dispatched to this rank all of them. So the host takes the regs kernels outright while even the all-local count
 # stays within PREFILL_REGS_MAX_ROWS per expert (M <= 28672 at 112 experts; the tiles' margin is gone at 4681 rows),
 # and beyond it lets the GPU pick by the same bound (PREFILL_CHOICE_MAX_ROWS below).
-PREFILL_REGS_ENV = "LMF_PREFILL_REGS"  # "0": the Triton tiles there; "16" / "32" / "64": regs blocks at any size
+# Beyond PREFILL_STAGED_MIN_ROWS the 128-row blocks of the staged kernels (gluon_kernels/routed_staged.py: each program
+# dequantises its weights once into shared memory for 128 rows, asynchronous wgmma) take over, at any size. H200, Kimi
+# K3 rank, routed op: staged against 64-row blocks 0.83x at 30 rows per hit expert (EP share of M = 1024), 0.98x at 57
+# (2048), 1.13x at 108 (4096), 1.24x at 210, 1.30x at 392; every id local 1.11x at 146 rows (M = 1024), 1.35x at 585
+# (M = 4096) (bench/results/prefill_blocks.md); against the Triton tiles 1.48x on an EP share of M = 32768 (769 rows)
+# and 1.32x with every id local (4681 rows), where the GPU's choice between 64-row blocks and the tiles had run
+# 1.09x / 1.00x (prefill_regs.md). The host sees only the all-local count: at 512 of it (M = 3584 at 112 experts, 1/8
+# of it local on an EP share) every routing measured is past the crossover.
+PREFILL_REGS_ENV = "LMF_PREFILL_REGS"  # "0": the Triton tiles there; "16" / "32" / "64" / "128": those blocks at any size
 PREFILL_REGS_FEW_ROWS = 128  # pairs per local expert, were every pair local: 32-row blocks up to here
 PREFILL_REGS_FEW_BLOCK_M = 32
 PREFILL_REGS_BLOCK_M = 64
-PREFILL_REGS_MAX_ROWS = 4096  # pairs per local expert, were every pair local: the regs kernels outright up to here
+PREFILL_STAGED_MIN_ROWS = 512  # pairs per local expert, were every pair local: 128-row staged blocks beyond here
+PREFILL_STAGED_BLOCK_M = 128
+# LMF_PREFILL_REGS=choice: the policy before the staged kernels, kept to compare: 32- and 64-row blocks up to
+# PREFILL_REGS_MAX_ROWS pairs per local expert counted as if every pair were local, beyond that a choice on the GPU
+# between the 64-row blocks and the Triton tiles by the local experts' mean rows (moe_align_choice.py).
+PREFILL_CHOICE_SETTING = "choice"
+PREFILL_REGS_MAX_ROWS = 4096
 
 
 def prefill_regs_block_m(num_pairs: int, num_experts: int) -> int:
-    """Rows per block of the register-dequant kernels where the decode blocks end (0: the Triton tiles)."""
+    """Rows per block of the register-side kernels where the decode blocks end (0: the Triton tiles)."""
     forced = os.environ.get(PREFILL_REGS_ENV, "")
-    if not forced:
+    if forced in ("", PREFILL_CHOICE_SETTING):
         rows = rows_per_expert(num_pairs, num_experts)
         if rows <= PREFILL_REGS_FEW_ROWS:
             return PREFILL_REGS_FEW_BLOCK_M
-        return PREFILL_REGS_BLOCK_M if rows <= PREFILL_REGS_MAX_ROWS else 0
+        if forced == PREFILL_CHOICE_SETTING:
+            return PREFILL_REGS_BLOCK_M if rows <= PREFILL_REGS_MAX_ROWS else 0
+        return PREFILL_REGS_BLOCK_M if rows <= PREFILL_STAGED_MIN_ROWS else PREFILL_STAGED_BLOCK_M
     if forced not in ("0", *(str(b) for b in REGS_BLOCK_M)):
         raise ValueError(f"{PREFILL_REGS_ENV}={forced!r}: expected 0 (the Triton tiles), a block of "
-                         f"{' or '.join(str(b) for b in REGS_BLOCK_M)} rows for the register-dequant kernels, or unset")
+                         f"{' or '.join(str(b) for b in REGS_BLOCK_M)} rows for the register-side kernels, "
+                         f"{PREFILL_CHOICE_SETTING!r} (the GPU's choice beyond {PREFILL_REGS_MAX_ROWS} rows per expert) "
+                         "or unset")
     return int(forced)
 
 
-# Beyond that host-side bound the grouping counts the local pairs on the GPU and takes the regs blocks while the
-# experts it hits hold at most PREFILL_CHOICE_MAX_ROWS rows on average (moe_align_choice.py): above, the regs kernels
-# won up to 2341 rows and tied at 4681 (0.99x there, 1.02x in prefill_regs.md). Both kernel families launch; the
-# unpicked one's programs read their block's expert (-1) and exit: at an EP share of M = 32768 the default ran 0.97x
-# the forced regs kernels (prefill_regs.md; prefill_regs_kernels.md has the dead programs).
+# Under LMF_PREFILL_REGS=choice, beyond that host-side bound the grouping counts the local pairs on the GPU and takes
+# the 64-row blocks while the experts it hits hold at most PREFILL_CHOICE_MAX_ROWS rows on average
+# (moe_align_choice.py): above, those won up to 2341 rows and tied at 4681 (0.99x there, 1.02x in prefill_regs.md
+# before the staged kernels). Both kernel families launch; the unpicked one's programs read their block's expert (-1)
+# and exit.
 PREFILL_CHOICE_MAX_ROWS = 4096
 
 
 def prefill_device_choice() -> bool:
-    """Whether calls beyond prefill_regs_block_m's host-side bound pick their kernels on the GPU (LMF_PREFILL_REGS
-    unset); a set value forces one family."""
-    return not os.environ.get(PREFILL_REGS_ENV, "")
+    """Whether calls beyond prefill_regs_block_m's host-side bound pick their kernels on the GPU
+    (LMF_PREFILL_REGS=choice)."""
+    return os.environ.get(PREFILL_REGS_ENV, "") == PREFILL_CHOICE_SETTING
 
 
 def routed_gemv_picked(num_pairs: int) -> bool:

@@ -1,16 +1,14 @@
-"""The register-dequant kernels in 128-row blocks (MXFP4 prefill on sm_90; pytest -m gpu): L1 holds each program's
-gate and up rows in one accumulator (routed_gemm._l1_stacked_rows) and L2 runs every block as two 64-row halves.
-Against the float64 reference, bitwise equal to 64-row blocks (the same FP32 sums per element: only the MMA's shape
-changes), every output written over a NaN poison, every class of valid rows a block tells apart (<= 16, <= 32, <= 64,
-more), every weight ring, both warp counts of the stacked tile, under CUDA-graph capture, and opcheck."""
+"""The staged prefill kernels (128-row blocks, MXFP4 on sm_90: gluon_kernels/routed_staged.py; pytest -m gpu): against
+the float64 reference and within FP32 rounding of the 64-row register-dequant blocks (the sums group k otherwise, so
+not bit for bit), bitwise repeatable, every output written over a NaN poison, blocks with up to 64 valid rows (the
+N = 64 MMA) and more, several blocks per expert, experts without rows, under CUDA-graph capture, and opcheck."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from latent_moe_fusion.ops import gluon_kernels as gk
-from latent_moe_fusion.ops.gluon_kernels import RING_ENV, WEIGHT_RINGS, launch_routed_l1
+from latent_moe_fusion.ops.gluon_kernels import launch_routed_l1
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
 from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert
 from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_ENV
@@ -21,8 +19,8 @@ from tests.test_regs_block_rows_gpu import _ids_with_rows
 
 pytestmark = SM90_ONLY
 
-# Rows per expert: one 128-row block with <= 16, 17 .. 32, 33 .. 64 and 65 .. 128 valid rows, two blocks (the second
-# short), and experts with none.
+# Rows per expert: one 128-row block with up to 64 valid rows and more, two blocks (the second short), and experts
+# with none.
 EXPERT_ROWS = {32: (0, 5, 16, 17, 31, 32, 33, 40, 64, 65, 70, 100, 128, 129, 150, 200),
                8: (5, 17, 33, 64, 0, 100, 129, 150)}
 
@@ -36,9 +34,8 @@ def _problem(sizes: dict, m: int, routing: str):
     return p
 
 
-def _run(p, monkeypatch, rows: str, ring: str = "") -> torch.Tensor:
+def _run(p, monkeypatch, rows: str) -> torch.Tensor:
     monkeypatch.setenv(PREFILL_REGS_ENV, rows)
-    monkeypatch.setenv(RING_ENV, ring)
     out = torch.full_like(p.z, float("nan"))
     return run_experts(*p.routed_args(), out=out)
 
@@ -47,23 +44,23 @@ CASES = [(SMALL, 300, "rows"), (SMALL, 600, "random"), (SMALL, 600, "few_experts
          (KIMI_RANK, 220, "rows"), (KIMI_RANK, 200, "random")]
 
 
-@pytest.mark.parametrize("warps", [4, 8])
+# FP32 sums of the same products in another grouping: after the BF16 roundings of act and y, a few elements one
+# BF16 ulp apart (relative L2 ~1e-3 of an ulp-level difference on a handful of elements)
+NEAR_64_ROWS = 2e-3
+
+
 @pytest.mark.parametrize("sizes,m,routing", CASES,
                          ids=[f"{'kimi' if s is KIMI_RANK else 'small'}-m{m}-{r}" for s, m, r in CASES])
-def test_128_row_blocks_match_float64_and_64_row_blocks_bitwise(sizes, m, routing, warps, monkeypatch, rng_seed):
-    monkeypatch.setattr(gk, "STACKED_L1_WARPS", warps)
+def test_128_row_blocks_match_float64_and_64_row_blocks(sizes, m, routing, monkeypatch, rng_seed):
     p = _problem(sizes, m, routing)
     y = _run(p, monkeypatch, "128")
     assert torch.isfinite(y).all()  # every element written over the NaN poison
-    assert rel_l2(y, routed64(*p.routed_args())) < tolerance(torch.bfloat16)
-    assert torch.equal(y, _run(p, monkeypatch, "64"))  # same sums per element, only the MMA's shape differs
+    ref = routed64(*p.routed_args())
+    assert rel_l2(y, ref) < tolerance(torch.bfloat16)
+    y64 = _run(p, monkeypatch, "64")
+    assert rel_l2(y, y64) < NEAR_64_ROWS
+    assert abs(rel_l2(y, ref) - rel_l2(y64, ref)) < 0.1 * rel_l2(y64, ref) + 1e-6  # as close to float64 as they
     assert torch.equal(y, _run(p, monkeypatch, "128"))  # bitwise repeatable
-
-
-@pytest.mark.parametrize("ring", list(WEIGHT_RINGS))
-def test_128_row_blocks_give_the_same_bits_on_every_weight_ring(ring, monkeypatch, rng_seed):
-    p = _problem(KIMI_RANK, 220, "rows")
-    assert torch.equal(_run(p, monkeypatch, "128", ring), _run(p, monkeypatch, "128"))
 
 
 def test_128_row_blocks_replay_fresh_ids_in_a_cuda_graph(monkeypatch, rng_seed):
