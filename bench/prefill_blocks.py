@@ -7,6 +7,7 @@ each 4 calls back to back between CUDA events in 5 alternating rounds (median pe
 output equal to the 64-row blocks' bit for bit; rel_l2_vs_64 otherwise says how far.
 
     PYTHONPATH=. python3 bench/prefill_blocks.py --out bench/results [--name prefill_blocks]
+    PYTHONPATH=. python3 bench/prefill_blocks.py --staged-max-registers none --name prefill_blocks_one_cta
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from bench.common import (  # noqa: E402
     write_results,
 )
 from bench.prefill_regs import routing  # noqa: E402
+from latent_moe_fusion.ops import gluon_kernels as gk  # noqa: E402
 from latent_moe_fusion.ops.gluon_kernels import launch_routed_l1, launch_routed_l2  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert  # noqa: E402
@@ -42,7 +44,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--name", default="prefill_blocks")
+    ap.add_argument("--staged-max-registers", default="auto",
+                    help="the staged kernels' register cap: auto (the library's), none, or a count "
+                         "(none: one CTA per SM, prefill_blocks_one_cta)")
     args = ap.parse_args()
+    if args.staged_max_registers != "auto":
+        gk.STAGED_MAX_REGISTERS = None if args.staged_max_registers == "none" else int(args.staged_max_registers)
     torch.manual_seed(0)
     ceilings = measure_ceilings()
     block = kimi_rank_block("bf16")
@@ -94,6 +101,7 @@ def main() -> None:
         "timing": "4 calls back to back between CUDA events, 5 alternating rounds, median per call; L1 and L2 alone "
                   "on the variant's own grouping",
         "floor": "routed FLOPs (2 x 3 x I x L per valid pair; L1 2/3, L2 1/3) / measured BF16 matmul rate",
+        "staged_max_registers": gk.STAGED_MAX_REGISTERS,
     }
     columns = ["routing", "M", "variant", "rows_per_hit_expert", "op_us", "l1_us", "l2_us", "op_vs_64", "l1_vs_64",
                "l2_vs_64", "floor_us", "op_x_floor", "l1_x_floor", "l2_x_floor", "bitwise_vs_64", "rel_l2_vs_64",

@@ -51,9 +51,12 @@ BENCHMARKS = (
     ("down_projection.py", ("--configs", "swap_tma:16x32x256/w4/st6/s1", "swap:16x128x128/w4/st4/s4",
                             "swap_tma:32x64x256/w4/st4/s2", "swap_tma:64x64x128/w4/st6/s2"), None),  # alone vs cuBLAS
     ("prefill_tiles.py", (), None),  # prefill routed GEMM tile candidates and the spread token grouping
-    ("prefill_regs.py", (), None),  # the routed op beyond decode: Triton tiles, register-dequant kernels, the GPU's pick
+    ("prefill_regs.py", (), None),  # the routed op beyond decode: Triton tiles, register-dequant and staged kernels
     ("regs_block_rows.py", (), None),  # the register-dequant L1 / L2 in 32- and 64-row blocks, rings and caps
     ("regs_block_rows.py", ("--probes",), None),  # probes around the 64-row blocks the library did not take
+    ("prefill_blocks.py", (), None),  # the staged 128-row blocks against the 64-row register-dequant blocks
+    ("prefill_blocks.py", ("--staged-max-registers", "none", "--name", "prefill_blocks_one_cta"), None),  # 1 CTA / SM
+    ("staged_sass.py", (), None),  # static SASS of the staged kernels' k loop (no GPU needed)
     ("shared_in_line_order.py", (), None),  # the producer's in-line shared GEMMs before the grouping or after L1
     ("decode_tuning.py", (), None),  # decode knobs (PDL sites, prefetch, shared-expert programs, ...) on the block
     ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "128", "--knobs", "LMF_SHARED_FIRST", "--rounds",
