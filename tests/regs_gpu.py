@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
+from tests.expert_problems import rel_l2, tolerance
+from tests.float64_reference import routed64
 
 SM90_ONLY = [
     pytest.mark.gpu,
@@ -36,3 +38,14 @@ def replay_on(graph: torch.cuda.CUDAGraph, out: torch.Tensor, p, fresh) -> None:
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
+
+
+def assert_replays_fresh_routings(p, fresh, run) -> None:
+    """Capture the routed op on p (settings in force now), replay it on fresh(routing)'s inputs for three routings:
+    each replay equals run() (the op called on p's new inputs) bit for bit and the float64 reference within BF16
+    tolerance."""
+    graph, out = capture_routed(p)
+    for routing in ("rows", "few_experts", "random"):
+        replay_on(graph, out, p, fresh(routing))
+        assert torch.equal(out, run()), routing
+        assert rel_l2(out, routed64(*p.routed_args())) < tolerance(torch.bfloat16), routing

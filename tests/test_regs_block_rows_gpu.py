@@ -13,7 +13,7 @@ from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
 from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_BLOCK_M, PREFILL_REGS_ENV, pick_config
 from tests.expert_problems import make_problem, rel_l2, tolerance
 from tests.float64_reference import routed64
-from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL, capture_routed, replay_on
+from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL, assert_replays_fresh_routings
 
 pytestmark = SM90_ONLY
 
@@ -83,11 +83,7 @@ def test_64_row_blocks_give_the_same_bits_on_every_weight_ring(ring, monkeypatch
 def test_64_row_blocks_replay_fresh_ids_in_a_cuda_graph(monkeypatch, rng_seed):
     p = _problem(SMALL, 600, "random")
     monkeypatch.setenv(PREFILL_REGS_ENV, "")
-    graph, out = capture_routed(p)
-    for routing in ("rows", "few_experts", "random"):
-        replay_on(graph, out, p, _problem(SMALL, 600, routing))
-        assert torch.equal(out, _run(p, monkeypatch, "")), routing
-        assert rel_l2(out, routed64(*p.routed_args())) < tolerance(torch.bfloat16), routing
+    assert_replays_fresh_routings(p, lambda routing: _problem(SMALL, 600, routing), lambda: _run(p, monkeypatch, ""))
 
 
 def test_opcheck_on_64_row_blocks(monkeypatch, rng_seed):

@@ -14,7 +14,7 @@ from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert
 from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_ENV
 from tests.expert_problems import BETA, LIN_BETA, make_problem, rel_l2, tolerance
 from tests.float64_reference import routed64
-from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL, capture_routed, replay_on
+from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL, assert_replays_fresh_routings
 from tests.test_regs_block_rows_gpu import _ids_with_rows
 
 pytestmark = SM90_ONLY
@@ -66,11 +66,7 @@ def test_128_row_blocks_match_float64_and_64_row_blocks(sizes, m, routing, monke
 def test_128_row_blocks_replay_fresh_ids_in_a_cuda_graph(monkeypatch, rng_seed):
     monkeypatch.setenv(PREFILL_REGS_ENV, "128")
     p = _problem(SMALL, 600, "random")
-    graph, out = capture_routed(p)
-    for routing in ("rows", "few_experts", "random"):
-        replay_on(graph, out, p, _problem(SMALL, 600, routing))
-        assert torch.equal(out, _run(p, monkeypatch, "128")), routing
-        assert rel_l2(out, routed64(*p.routed_args())) < tolerance(torch.bfloat16), routing
+    assert_replays_fresh_routings(p, lambda routing: _problem(SMALL, 600, routing), lambda: _run(p, monkeypatch, "128"))
 
 
 def test_opcheck_on_128_row_blocks(monkeypatch, rng_seed):

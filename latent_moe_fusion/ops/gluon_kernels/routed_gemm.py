@@ -174,6 +174,14 @@ def _l2_rows(act_ptr, w_ptrs, s_ptrs, w_desc, w_row, sorted_ptr, pairs_ptr, slic
                               ROWS, BN, BK, NW, RING, STAGES, ORDER)
     if SPLIT > 1:
         pairs_ptr += k_index.to(gl.int64) * slice_stride
+    store_pair_rows(acc, pairs_ptr, sorted_ptr, row0, n0, latent, mma_l, ROWS, BN)
+
+
+@gluon.jit
+def store_pair_rows(acc, pairs_ptr, sorted_ptr, row0, n0, latent, mma_l: gl.constexpr, ROWS: gl.constexpr,
+                    BN: gl.constexpr):
+    """L2's epilogue: acc [BN, ROWS] (columns n0 .. n0 + BN of rows row0 .. row0 + ROWS) into the FP32 pair rows
+    of the block's valid rows."""
     on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
     om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma_l))
     pair = gl.load(sorted_ptr + om)

@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ..triton_kernels.gdc import wait_own_copies_0, wait_own_copies_1
 from ..triton_kernels.numerics import situ
 from .lut_dequant import _FACTOR_BIAS, WINDOW_SCALE, _codes_to_bf16
-from .routed_gemm import _valid_rows
+from .routed_gemm import _valid_rows, store_pair_rows
 
 _UNWINDOW = gl.constexpr(WINDOW_SCALE)
 RING: gl.constexpr = gl.constexpr(4)  # stages of every ring; the k loop is unrolled by it (separate allocations)
@@ -221,11 +221,7 @@ def _l2_rows(act_ptr, s_ptrs, w_desc, w_row, sorted_ptr, pairs_ptr, row0, n0, la
     BN: gl.constexpr = 16 * NW
     acc = _staged_mainloop(w_desc, w_row, s_ptrs, a_rows, a_mask, K, False, BN, ROWS, NW)
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, ROWS, 16])
-    on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
-    om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma_l))
-    pair = gl.load(sorted_ptr + om)
-    dest = pairs_ptr + pair[None, :].to(gl.int64) * latent + on[:, None]
-    gl.store(dest, acc, mask=(pair >= 0)[None, :] & (on >= 0)[:, None])
+    store_pair_rows(acc, pairs_ptr, sorted_ptr, row0, n0, latent, mma_l, ROWS, BN)
 
 
 @gluon.jit
