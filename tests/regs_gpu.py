@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
-from tests.expert_problems import rel_l2, tolerance
+from tests.expert_problems import make_problem, rel_l2, tolerance
 from tests.float64_reference import routed64
 
 SM90_ONLY = [
@@ -49,3 +49,28 @@ def assert_replays_fresh_routings(p, fresh, run) -> None:
         replay_on(graph, out, p, fresh(routing))
         assert torch.equal(out, run()), routing
         assert rel_l2(out, routed64(*p.routed_args())) < tolerance(torch.bfloat16), routing
+
+
+def ids_with_rows(m: int, num_experts: int, top_k: int, rows: tuple[int, ...]) -> torch.Tensor:
+    """ids [m, top_k] where expert e (of the first len(rows)) holds rows[e] pairs, each on another token; the other
+    slots point at other ranks' experts (-1)."""
+    ids = torch.full((m, top_k), -1, dtype=torch.int32)
+    used = torch.zeros(m, dtype=torch.int64)
+    for expert, count in enumerate(rows):
+        tokens = torch.argsort(used + torch.rand(m))[:count]  # the emptiest tokens first: one slot each
+        assert count <= m and bool((used[tokens] < top_k).all())
+        ids[tokens, used[tokens]] = expert
+        used[tokens] += 1
+    assert expert < num_experts
+    return ids.cuda()
+
+
+def mxfp4_problem(sizes: dict, m: int, routing: str, expert_rows: dict[int, tuple[int, ...]]):
+    """An MXFP4 problem on the GPU; routing "rows" gives expert e expert_rows[num_experts][e] pairs (ids_with_rows),
+    any other name is make_problem's routing."""
+    p = make_problem(m, weight_format="mxfp4", device="cuda", **({"routing": routing} if routing != "rows" else {}),
+                     **sizes)
+    if routing == "rows":
+        experts = sizes["num_experts"]
+        p.topk_ids.copy_(ids_with_rows(m, experts, sizes["top_k"], expert_rows[experts]))
+    return p

@@ -11,9 +11,9 @@ import torch
 from latent_moe_fusion.ops.gluon_kernels import RING_ENV, WEIGHT_RINGS
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
 from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_BLOCK_M, PREFILL_REGS_ENV, pick_config
-from tests.expert_problems import make_problem, rel_l2, tolerance
+from tests.expert_problems import rel_l2, tolerance
 from tests.float64_reference import routed64
-from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL, assert_replays_fresh_routings
+from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL, assert_replays_fresh_routings, mxfp4_problem
 
 pytestmark = SM90_ONLY
 
@@ -21,20 +21,6 @@ pytestmark = SM90_ONLY
 # (N = 16 MMA), 17 .. 32 (N = 32), 33 .. 64 (N = 64), across one to three blocks per expert, and experts with none.
 EXPERT_ROWS = {32: (0, 5, 16, 17, 31, 32, 33, 40, 64, 65, 70, 96, 100, 128, 130, 150),
                8: (5, 17, 33, 64, 0, 70, 100, 130)}  # by the problem's number of experts
-
-
-def _ids_with_rows(m: int, num_experts: int, top_k: int, rows: tuple[int, ...]) -> torch.Tensor:
-    """ids [m, top_k] where expert e (of the first len(rows)) holds rows[e] pairs, each on another token; the other
-    slots point at other ranks' experts (-1)."""
-    ids = torch.full((m, top_k), -1, dtype=torch.int32)
-    used = torch.zeros(m, dtype=torch.int64)
-    for expert, count in enumerate(rows):
-        tokens = torch.argsort(used + torch.rand(m))[:count]  # the emptiest tokens first: one slot each
-        assert count <= m and bool((used[tokens] < top_k).all())
-        ids[tokens, used[tokens]] = expert
-        used[tokens] += 1
-    assert expert < num_experts
-    return ids.cuda()
 
 
 def _run(p, monkeypatch, rows: str, ring: str = "") -> torch.Tensor:
@@ -45,12 +31,7 @@ def _run(p, monkeypatch, rows: str, ring: str = "") -> torch.Tensor:
 
 
 def _problem(sizes: dict, m: int, routing: str):
-    p = make_problem(m, weight_format="mxfp4", device="cuda", **({"routing": routing} if routing != "rows" else {}),
-                     **sizes)
-    if routing == "rows":
-        experts = sizes["num_experts"]
-        p.topk_ids.copy_(_ids_with_rows(m, experts, sizes["top_k"], EXPERT_ROWS[experts]))
-    return p
+    return mxfp4_problem(sizes, m, routing, EXPERT_ROWS)
 
 
 # All of them beyond PREFILL_REGS_FEW_ROWS pairs per expert were every pair local (the 64-row blocks' sizes):

@@ -12,10 +12,9 @@ from latent_moe_fusion.ops.gluon_kernels import launch_routed_l1
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
 from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert
 from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_ENV
-from tests.expert_problems import BETA, LIN_BETA, make_problem, rel_l2, tolerance
+from tests.expert_problems import BETA, LIN_BETA, rel_l2, tolerance
 from tests.float64_reference import routed64
-from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL, assert_replays_fresh_routings
-from tests.test_regs_block_rows_gpu import _ids_with_rows
+from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL, assert_replays_fresh_routings, mxfp4_problem
 
 pytestmark = SM90_ONLY
 
@@ -26,12 +25,7 @@ EXPERT_ROWS = {32: (0, 5, 16, 17, 31, 32, 33, 40, 64, 65, 70, 100, 128, 129, 150
 
 
 def _problem(sizes: dict, m: int, routing: str):
-    p = make_problem(m, weight_format="mxfp4", device="cuda", **({"routing": routing} if routing != "rows" else {}),
-                     **sizes)
-    if routing == "rows":
-        experts = sizes["num_experts"]
-        p.topk_ids.copy_(_ids_with_rows(m, experts, sizes["top_k"], EXPERT_ROWS[experts]))
-    return p
+    return mxfp4_problem(sizes, m, routing, EXPERT_ROWS)
 
 
 def _run(p, monkeypatch, rows: str) -> torch.Tensor:
