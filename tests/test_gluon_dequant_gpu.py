@@ -19,7 +19,7 @@ def _kernel():
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
-    from latent_moe_fusion.ops.gluon_kernels.lut_dequant import _FACTOR_BIAS, _codes_to_bf16
+    from latent_moe_fusion.ops.gluon_kernels.lut_dequant import codes_to_bf16, scale_factors
 
     @gluon.jit
     def dequant_words(words_ptr, scales_ptr, out_ptr, n, BLOCK: gl.constexpr):
@@ -28,8 +28,7 @@ def _kernel():
         live = i < n
         w = gl.load(words_ptr + i, mask=live, other=0)
         s = gl.load(scales_ptr + i, mask=live, other=0).to(gl.int32)
-        factors = gl.minimum(s + _FACTOR_BIAS, 255) * 0x00800080  # as dequant_kappa computes them
-        outs = _codes_to_bf16(w, factors)
+        outs = codes_to_bf16(w, scale_factors(s))  # as dequant_kappa and the staged kernels compute them
         for c in gl.static_range(8):
             gl.store(out_ptr + i * 8 + c, outs[c], mask=live)
 

@@ -138,7 +138,13 @@ _FACTOR_BIAS = gl.constexpr(126 - WINDOW)  # E8M0 byte -> bf16 exponent field of
 
 
 @gluon.jit
-def _codes_to_bf16(words, factors):
+def scale_factors(scales):
+    """int32 E8M0 bytes -> the bf16x2 factors 2^(s - 1 - WINDOW) that codes_to_bf16 takes (inf from byte 255)."""
+    return gl.minimum(scales + _FACTOR_BIAS, 255) * 0x00800080
+
+
+@gluon.jit
+def codes_to_bf16(words, factors):
     """int32 words (8 codes each), int32 bf16x2 factors 2^(s - 1 - WINDOW) -> 8 bf16 tensors (code i of every
     word times 2^(s - 127 - WINDOW)); codes i and i + 4 come out of one 32-bit register."""
     return gl.inline_asm_elementwise(
@@ -170,8 +176,7 @@ def to_kappa(x, R: gl.constexpr, BK: gl.constexpr):
 def dequant_kappa(words, scales, BN: gl.constexpr, BK: gl.constexpr):
     """int32 words [BN, BK/8] (thread q: words 4q .. 4q + 3), int32 scale bytes per word ->
     [BN, BK] bf16 in kappa order, times 2^-WINDOW (the caller scales its FP32 sums back)."""
-    factors = gl.minimum(scales + _FACTOR_BIAS, 255) * 0x00800080  # bf16x2 2^(s - 1 - WINDOW); inf from 255
-    o0, o1, o2, o3, o4, o5, o6, o7 = _codes_to_bf16(words, factors)
+    o0, o1, o2, o3, o4, o5, o6, o7 = codes_to_bf16(words, scale_factors(scales))
     # Output c = 4 e + 2 h + c0 of its word. The e join comes last so that it is the innermost register
     # dimension: each bf16x2 wgmma register is then one asm register (codes i, i + 4).
     y0 = gl.join(gl.join(o0, o1), gl.join(o2, o3))  # [BN, W, c0, h] for e = 0

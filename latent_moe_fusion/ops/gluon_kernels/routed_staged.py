@@ -4,18 +4,21 @@ shared memory, both wgmma operands from shared memory, the MMA asynchronous.
 The register-dequant kernels (routed_gemm.py) feed each dequantised tile to a synchronous wgmma from registers and
 stage the activation tile through registers (loads, permutes, shared stores): fine at decode, where the weight bytes
 bound them, but at prefill they reach a third of the BF16 rate (bench/results/prefill_regs.md) and a wider MMA there
-was slower (bench/results/stacked_probe.md: every thread then stages more activations). Here, per k step of BK:
+was slower (bench/results/prefill_blocks_stacked.md: every thread then stages more activations). Here, per 64-wide
+k step:
 
 - the weight words of the program's BN rows arrive by TMA through a ring of 4 stages (3 steps ahead);
 - the activation rows [BM, BK] go straight to shared memory by cp.async (2 steps ahead, 4 buffers): no registers,
   no permutation (both operands keep the weights' own k order, so no kappa order either);
 - every thread dequantises 4 words (32 k of one row, one E8M0 scale) with lut_dequant's bit placement and stores
-  them to a [BN, BK] tile (4 buffers);
+  them to a [BN, 64] tile (2 buffers) in 16-byte stores;
 - one CTA barrier, then the wgmma of the step is issued asynchronously and the step before's is waited for: the
   tensor cores run step i while the threads dequantise step i + 1.
 
-Buffer reuse: a step's weight tile and activation buffer are rewritten 4 and 2 steps later, after every warp group
-passed a barrier following its wait for the wgmma that read them (the wait keeps one wgmma in flight).
+Buffer reuse: a step's activation buffer is refilled (for step i + 4) after the barrier of step i + 2, which every
+warp group passes only after its wait for wgmma i; its weight tile is rewritten at step i + 2 by the warp group whose
+wgmma reads those rows, after that group's own wait for wgmma i. With 112 KB of shared memory and at most 128
+registers, two CTAs of 8 warps share an SM (gluon_kernels.STAGED_MAX_REGISTERS).
 
 L1: BN = 128 weight rows, the gate rows n0 .. n0 + 64 then the same columns' up rows (one 3-d TMA box), SiTU in the
 epilogue. L2: BN = 128 rows of W2, FP32 pair rows out. Both take 128-row expert blocks and run the MMA with N = 64
@@ -38,8 +41,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ..triton_kernels.gdc import wait_own_copies_0, wait_own_copies_1
 from ..triton_kernels.numerics import situ
-from .lut_dequant import _FACTOR_BIAS, WINDOW_SCALE, _codes_to_bf16
-from .routed_gemm import _valid_rows, store_pair_rows
+from .lut_dequant import WINDOW_SCALE, codes_to_bf16, scale_factors
+from .routed_gemm import _program_tile, _valid_rows, store_pair_rows
 
 _UNWINDOW = gl.constexpr(WINDOW_SCALE)
 RING: gl.constexpr = gl.constexpr(4)  # stages of every ring; the k loop is unrolled by it (separate allocations)
@@ -60,8 +63,7 @@ def _act_layout(NW):
 @gluon.jit
 def _dequant_tile(words, scales, BN: gl.constexpr):
     """int32 words [BN, 8] (8 codes each) and their E8M0 bytes -> [BN, 64] bf16 in k order, times 2^-WINDOW."""
-    factors = gl.minimum(scales.to(gl.int32) + _FACTOR_BIAS, 255) * 0x00800080  # bf16x2 2^(s - 1 - WINDOW)
-    o0, o1, o2, o3, o4, o5, o6, o7 = _codes_to_bf16(words, factors)
+    o0, o1, o2, o3, o4, o5, o6, o7 = codes_to_bf16(words, scale_factors(scales.to(gl.int32)))
     # Each join adds an innermost dimension: [BN, word, c0, c1, c2] for code c = 4 c2 + 2 c1 + c0.
     codes = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)), gl.join(gl.join(o4, o5), gl.join(o6, o7)))
     return gl.reshape(gl.permute(codes, [0, 1, 4, 3, 2]), [BN, 64])  # k = 8 word + code
@@ -195,10 +197,7 @@ def l1_staged_kernel(z_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, inter,
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
     HALF: gl.constexpr = BN // 2
-    tiles_n = inter // HALF
-    blk = gl.program_id(0) // tiles_n
-    n0 = (gl.program_id(0) % tiles_n) * HALF
-    expert = gl.load(block_expert_ptr + blk)
+    blk, n0, expert, _ = _program_tile(block_expert_ptr, inter, HALF, 1)
     if expert >= 0:
         rn = gl.arange(0, BN, layout=gl.SliceLayout(1, _words_layout(BN, NW)))
         rows = gl.where(rn < HALF, n0 + rn, inter + n0 + rn - HALF)
@@ -230,10 +229,7 @@ def l2_staged_kernel(act_ptr, s_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, la
     """pairs[pair of row, n0 .. n0 + BN] = act[row] @ W2^T (FP32) for the valid rows of each block."""
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
-    tiles_n = latent // BN
-    blk = gl.program_id(0) // tiles_n
-    n0 = (gl.program_id(0) % tiles_n) * BN
-    expert = gl.load(block_expert_ptr + blk)
+    blk, n0, expert, _ = _program_tile(block_expert_ptr, latent, BN, 1)
     if expert >= 0:
         rows = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, _words_layout(BN, NW)))
         s_ptrs = _scale_ptrs(s_ptr, expert, rows, row_scales, stride_se, BN, NW)
