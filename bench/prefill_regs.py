@@ -48,8 +48,8 @@ SIZES = (192, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 ALL_LOCAL_SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 SETTINGS = {"triton tiles": "0", "default": "", "gpu choice": "choice", "regs 32 forced": "32", "regs 64 forced": "64",
             "staged 128 forced": "128"}
-# Per-kernel breakdowns: the default's 64-row kernels on an EP share, and where the GPU chooses (dead programs of the
-# unpicked family).
+# Per-kernel breakdowns: the default's staged kernels on an EP share and all local, and where "gpu choice" has the GPU
+# choose (dead programs of the unpicked family).
 KERNEL_CASES = ("ep_share:4096", "ep_share:16384", "all_local:16384", "all_local:32768")
 
 

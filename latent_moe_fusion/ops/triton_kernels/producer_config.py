@@ -265,9 +265,10 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
 # even the all-local count stays within PREFILL_REGS_FEW_ROWS per expert (M <= 896 at 112 experts; the all-local
 # M = 512, 73 rows, is 8 % slower so), 64-row blocks beyond.
 # Without a host sync the op cannot see how many of its pairs are local: an EP share has ~1/8 of them, tokens
-# dispatched to this rank all of them. So the host takes the regs kernels outright while even the all-local count
-# stays within PREFILL_REGS_MAX_ROWS per expert (M <= 28672 at 112 experts; the tiles' margin is gone at 4681 rows),
-# and beyond it lets the GPU pick by the same bound (PREFILL_CHOICE_MAX_ROWS below).
+# dispatched to this rank all of them, so every bound below counts pairs as if all were local. Until session 23 the
+# host took the regs kernels outright while that count stayed within PREFILL_REGS_MAX_ROWS per expert (M <= 28672 at
+# 112 experts; the tiles' margin was gone at 4681 rows) and beyond it let the GPU pick (PREFILL_CHOICE_MAX_ROWS below):
+# now LMF_PREFILL_REGS=choice.
 # Beyond PREFILL_STAGED_MIN_ROWS the 128-row blocks of the staged kernels (gluon_kernels/routed_staged.py: each program
 # dequantises its weights once into shared memory for 128 rows, asynchronous wgmma) take over, at any size. H200, Kimi
 # K3 rank, routed op: staged against 64-row blocks 0.83x at 30 rows per hit expert (EP share of M = 1024), 0.98x at 57
@@ -276,7 +277,8 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
 # and 1.32x with every id local (4681 rows), where the GPU's choice between 64-row blocks and the tiles had run
 # 1.09x / 1.00x (prefill_regs.md). The host sees only the all-local count: at 512 of it (M = 3584 at 112 experts, 1/8
 # of it local on an EP share) every routing measured is past the crossover.
-PREFILL_REGS_ENV = "LMF_PREFILL_REGS"  # "0": the Triton tiles there; "16" / "32" / "64" / "128": those blocks at any size
+# "0": the Triton tiles there; "16" / "32" / "64" / "128": those blocks at any size; "choice": the policy before
+PREFILL_REGS_ENV = "LMF_PREFILL_REGS"
 PREFILL_REGS_FEW_ROWS = 128  # pairs per local expert, were every pair local: 32-row blocks up to here
 PREFILL_REGS_FEW_BLOCK_M = 32
 PREFILL_REGS_BLOCK_M = 64
