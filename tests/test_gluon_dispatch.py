@@ -167,3 +167,22 @@ def test_the_register_caps_follow_the_override(monkeypatch):
     monkeypatch.setenv(MAXNREG_ENV, "auto,96")
     assert (max_registers("l1", "tma"), max_registers("l1", "loads"), max_registers("l2", "tma")) == (
         None, L1_MAX_REGISTERS, 96)
+
+
+def test_128_row_blocks_refuse_k_slices_and_dependent_launches():
+    """The staged kernels run whole K as ordinary launches: the launchers say so before anything launches."""
+    from latent_moe_fusion.ops.gluon_kernels import STAGED_BLOCK_ROWS, launch_routed_l1, launch_routed_l2
+
+    w13, s13, w2, s2 = _weights()
+    z = torch.randn(3, 256, dtype=torch.bfloat16)
+    ids = torch.zeros(STAGED_BLOCK_ROWS, dtype=torch.int32)
+    experts = torch.zeros(1, dtype=torch.int32)
+    act = torch.empty(STAGED_BLOCK_ROWS, 128, dtype=torch.bfloat16)
+    for kwargs in ({"split": 2}, {"signal": True}):
+        with pytest.raises(ValueError, match="128-row blocks run whole K without programmatic dependents"):
+            launch_routed_l1(z, w13, s13, ids, experts, act, 1, STAGED_BLOCK_ROWS, 16, 4.0, 25.0, **kwargs)
+    pairs = torch.empty(3 * 16, 256)
+    with pytest.raises(ValueError, match="128-row blocks run whole K as an ordinary launch"):
+        launch_routed_l2(act, w2, s2, ids, experts, pairs, 1, STAGED_BLOCK_ROWS, dependent=True)
+    with pytest.raises(ValueError, match="128-row blocks run whole K as an ordinary launch"):
+        launch_routed_l2(act, w2, s2, ids, experts, pairs.view(2, 24, 256), 1, STAGED_BLOCK_ROWS)

@@ -8,11 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops.gluon_kernels import launch_routed_l1
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
-from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert
 from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_ENV
-from tests.expert_problems import BETA, LIN_BETA, rel_l2, tolerance
+from tests.expert_problems import rel_l2, tolerance
 from tests.float64_reference import routed64
 from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL, assert_replays_fresh_routings, mxfp4_problem
 
@@ -67,12 +65,3 @@ def test_opcheck_on_128_row_blocks(monkeypatch, rng_seed):
     monkeypatch.setenv(PREFILL_REGS_ENV, "128")
     p = _problem(SMALL, 600, "random")
     torch.library.opcheck(torch.ops.lmf.routed_experts.default, p.routed_args())
-
-
-def test_128_row_blocks_refuse_k_slices(rng_seed):
-    p = _problem(SMALL, 300, "random")
-    grouping = group_by_expert(p.topk_ids, SMALL["num_experts"], 128)
-    act = torch.empty(grouping.nb_max * 128, SMALL["inter"], dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(ValueError, match="whole K"):
-        launch_routed_l1(p.z, p.w13, p.w13_scale, grouping.sorted_pairs, grouping.block_expert, act, grouping.nb_max,
-                         128, SMALL["top_k"], BETA, LIN_BETA, split=2)
