@@ -42,6 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ..triton_kernels.gdc import wait_own_copies_0, wait_own_copies_1
 from ..triton_kernels.numerics import situ
 from .lut_dequant import WINDOW_SCALE, codes_to_bf16, scale_factors
+from .ring_loops import _ring_coord
 from .routed_gemm import _program_tile, _valid_rows, store_pair_rows
 
 _UNWINDOW = gl.constexpr(WINDOW_SCALE)
@@ -78,16 +79,6 @@ def _copy_act(buf, a_rows, a_mask, k, live, NW: gl.constexpr):
 
 
 @gluon.jit
-def _coord(w_row, k, GATED: gl.constexpr):
-    """TMA box coordinates: L1 [2 * expert (gate; up next), first column, word], L2 [expert * L + first row, word]."""
-    if GATED:
-        coord = [w_row[0], w_row[1], k // 8]
-    else:
-        coord = [w_row, k // 8]
-    return coord
-
-
-@gluon.jit
 def _staged_step(u: gl.constexpr, i, n_steps, ws, rs, wts, acts, w_desc, w_row, s_ptrs, sc, a_rows, a_mask, acc,
                  GATED: gl.constexpr, BN: gl.constexpr, ROWS: gl.constexpr, NW: gl.constexpr):
     k = i * 64
@@ -107,7 +98,7 @@ def _staged_step(u: gl.constexpr, i, n_steps, ws, rs, wts, acts, w_desc, w_row, 
     _copy_act(acts[(u + 2) % RING], a_rows, a_mask, k + 128, i + 2 < n_steps, NW)
     refill = i + RING - 1
     prev: gl.constexpr = (u + RING - 1) % RING
-    tma.async_copy_global_to_shared(w_desc, _coord(w_row, refill * 64, GATED), rs[prev], ws[prev],
+    tma.async_copy_global_to_shared(w_desc, _ring_coord(w_row, refill * 64, GATED), rs[prev], ws[prev],
                                     pred=(i >= 1) & (refill < n_steps))
     mbarrier.expect(rs[u], w_desc.block_type.nbytes, pred=i + RING < n_steps)
     acc = warpgroup_mma(wts[u % 2], acts[u].permute((1, 0)), acc, is_async=True)
@@ -143,7 +134,7 @@ def _staged_mainloop(w_desc, w_row, s_ptrs, a_rows, a_mask, K, GATED: gl.constex
         mbarrier.init(rs[st], count=1)
     for st in gl.static_range(RING):
         mbarrier.expect(rs[st], w_desc.block_type.nbytes, pred=st < n_steps)
-        tma.async_copy_global_to_shared(w_desc, _coord(w_row, st * 64, GATED), rs[st], ws[st], pred=st < n_steps)
+        tma.async_copy_global_to_shared(w_desc, _ring_coord(w_row, st * 64, GATED), rs[st], ws[st], pred=st < n_steps)
     _copy_act(acts[0], a_rows, a_mask, 0, n_steps > 0, NW)
     _copy_act(acts[1], a_rows, a_mask, 64, n_steps > 1, NW)
     sc = gl.load(s_ptrs)
