@@ -8,6 +8,10 @@ ops' fragment exchange. Each rank does one EP8 rank's routed work (112 of 896 MX
 form replicates the routed branch (the reference block has no EP combine), so its ranks all hold EP share 0
 (KimiK3MoEBlock refuses different shares there); SP ranks route their own tokens and hold share `rank`.
 
+The fused block runs its fragment publication and TP output all-gather by symmetric-memory peer writes
+(`lmf.prepare_symmetric_exchange`, made once per process; `compiled+fused`) and by NCCL
+(`compiled+fused-nccl`: the same compile with the exchange switched off, as before session 25).
+
 Decode (TP, M tokens on every rank): one CUDA graph per variant over rotating inputs, replayed in alternating
 rounds with a barrier before each replay; prefill (M = 4096 TP, 2 x 2048 SP): CUDA events around calls back to
 back, alternating rounds. Times are each rank's medians; the table gives the slowest rank's. Floor: the rank's
@@ -61,23 +65,35 @@ def same_draws(shape: tuple[int, ...], seed: int, rank: int | None = None) -> to
     return (x if rank is None else x[rank]).to("cuda", torch.bfloat16)
 
 
-def case(rank: int, world: int, form: str, m: int, ceilings: dict[str, float]) -> dict[str, Any]:
+def with_exchange(exchange, setting: str, fn):
+    """fn with the symmetric exchange set to `setting` for its calls (read by the ops at each call and at capture)."""
+    def run(*args):
+        exchange.setting = setting
+        return fn(*args)
+    return run
+
+
+def case(rank: int, world: int, form: str, m: int, ceilings: dict[str, float], exchange) -> dict[str, Any]:
     """One (form, M) row on this rank: errors against eager, the pass's report, times and the rank's floor."""
     import torch.distributed as dist
 
     sp = form == "SP"
     torch.manual_seed(0)
     block = rank_block(rank, world, sp)
-    variants = {"compiled": compiled(block, False), "compiled+fused": compiled(block, True)}
+    fused, fpass = compiled(block, True)
+    variants = {"compiled": compiled(block, False), "compiled+fused": (with_exchange(exchange, "auto", fused), fpass),
+                "compiled+fused-nccl": (with_exchange(exchange, "off", fused), None)}
     local_m = m // world if sp else m
     sets = [same_draws((world, local_m, block.cfg.hidden_size) if sp else (m, block.cfg.hidden_size), 100 + s,
                        rank if sp else None) for s in range(SETS if m <= 128 else 1)]
     ref = block(sets[0])
     row: dict[str, Any] = {"form": form, "M": m, "tokens_per_rank": local_m}
+    publishes = exchange.publishes
     for name, (fn, fpass) in variants.items():
         row[f"{name}_err"] = rel_l2(fn(sets[0]), ref)
         if fpass is not None:
             row[f"{name}_matched"] = f"{fpass.report.matched} block, forms {sorted(b.form for b in fpass.report.blocks)}"
+    row["symm_publishes"] = exchange.publishes - publishes  # 1: the auto variant took the symmetric path
     fns = {name: fn for name, (fn, _) in variants.items()}
     barrier = dist.barrier  # every rank's graphs and calls must meet in their collectives
 
@@ -115,26 +131,31 @@ def worker(rank: int, world: int, port: int, cases: list[tuple[str, int]], out: 
     try:
         compile_afresh()
         ceilings = measure_ceilings()
+        exchange = lmf.prepare_symmetric_exchange(dist.group.WORLD, max_tokens=max(m for _, m in cases), hidden=7168)
+        if exchange is None:
+            raise SystemExit("no symmetric workspace on this group (see prepare_symmetric_exchange)")
         rows = []
         for form, m in cases:
-            mine = case(rank, world, form, m, ceilings)
+            mine = case(rank, world, form, m, ceilings, exchange)
             every = [None] * world
             dist.all_gather_object(every, mine)
             if rank == 0:
                 row = dict(every[0])
-                for key in ("compiled_us", "compiled+fused_us"):
+                for key in ("compiled_us", "compiled+fused_us", "compiled+fused-nccl_us"):
                     row[f"{key[:-3]}_per_rank_us"] = " / ".join(f"{r[key]:.1f}" for r in every)
                     row[key] = max(r[key] for r in every)
                 row["fused_vs_compiled"] = row["compiled_us"] / row["compiled+fused_us"]
+                row["fused_nccl_vs_compiled"] = row["compiled_us"] / row["compiled+fused-nccl_us"]
                 row["fused_x_rank_floor"] = row["compiled+fused_us"] / row["rank_floor_us"]
-                row["max_err"] = max(max(r["compiled_err"], r["compiled+fused_err"]) for r in every)
+                row["max_err"] = max(max(r["compiled_err"], r["compiled+fused_err"], r["compiled+fused-nccl_err"])
+                                     for r in every)
                 rows.append(row)
                 print(row, flush=True)
         if rank == 0:
             meta = environment() | {
                 "world": world, "copy_TBps": ceilings["copy_bytes_per_s"] / 1e12,
                 "bf16_TFLOPps": ceilings["bf16_flop_per_s"] / 1e12,
-                "config": f"Kimi K3, R = {world} GPUs over NCCL (NVLS off), each rank one EP8 share (112 of 896 MXFP4 "
+                "config": f"Kimi K3, R = {world} GPUs over NCCL (NVLS off) and torch symmetric memory (unicast), each rank one EP8 share (112 of 896 MXFP4 "
                           f"experts) and a {SHARED_PER_RANK}-wide shared-expert slice, router GEMM bf16",
                 "timing": "decode: one CUDA graph per variant over 4 rotating inputs, 5 alternating rounds of 6 replays, a "
                           "barrier before each; prefill: CUDA events around 4 calls back to back, 5 alternating rounds; "
@@ -145,9 +166,11 @@ def worker(rank: int, world: int, port: int, cases: list[tuple[str, int]], out: 
                 (Path(out) / "block_tp_kernels.md").write_text(
                     "# block_tp: CUDA kernel time per kernel at prefill (profiler, rank 0)\n\n" + breakdown_markdown(kernels))
             write_results("block_tp", rows, ["form", "M", "tokens_per_rank", "compiled_us", "compiled+fused_us",
-                                             "fused_vs_compiled", "rank_floor_us", "fused_x_rank_floor",
-                                             "compiled_per_rank_us", "compiled+fused_per_rank_us", "max_err",
-                                             "compiled+fused_matched", "timing"], meta, out,
+                                             "fused_vs_compiled", "compiled+fused-nccl_us", "fused_nccl_vs_compiled",
+                                             "rank_floor_us", "fused_x_rank_floor", "compiled_per_rank_us",
+                                             "compiled+fused_per_rank_us", "compiled+fused-nccl_per_rank_us",
+                                             "max_err", "symm_publishes", "compiled+fused_matched", "timing"],
+                          meta, out,
                           notes="rank_floor_us: the rank's own bytes and FLOPs over the measured copy bandwidth and "
                                 "BF16 rate, communication not counted (TP rows only). max_err: rel. L2 against eager, "
                                 "the worst variant and rank.")

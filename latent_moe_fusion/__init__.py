@@ -5,6 +5,7 @@ from typing import Any
 from . import ops
 from .config import ConfigError, KimiK3MoEConfig
 from .model import KimiK3MoEBlock
+from .ops.symm_exchange import prepare_symmetric_exchange, release_symmetric_exchange
 
 # The fusion pass imports torch._inductor and torch._dynamo (seconds): loaded on first use only, so
 # that code using just the ops (kernels, benchmarks, spawned test workers) does not pay for it.
@@ -28,4 +29,6 @@ __all__ = [
     "LatentMoEFusionPass",
     "install",
     "ops",
+    "prepare_symmetric_exchange",
+    "release_symmetric_exchange",
 ]

@@ -4,8 +4,8 @@ On rank q of R:
   local          (R = 1)    ws [1, M, H]
   hidden_scatter (TP)       ws [R, M, H/R],  ws[r]    = s_partial_of_rank_r[:, q*H/R:(q+1)*H/R]
   token_publish  (SP)       ws [M, R, H],    ws[t, r] = s_partial_of_rank_r[q*M + t, :]
-Movement here is plain torch.distributed on the named group; it is the reference that faster
-(symmetric-memory) paths must match bitwise.
+Movement here is plain torch.distributed on the named group; it is the reference that the symmetric-memory
+path (symm_exchange.py, taken where prepare_symmetric_exchange made a workspace) matches bitwise.
 """
 
 from __future__ import annotations
@@ -62,34 +62,64 @@ class PendingFragments:
     belong to the stream that was current when they were made (fragment_buffers), so a caller that makes them on
     its own stream and waits on that stream can launch the exchange from a side stream without record_stream."""
 
-    def __init__(self, recv: torch.Tensor, mode: str, work=None, keep: tuple = ()) -> None:
-        self.recv, self.mode, self.work, self.keep = recv, mode, work, keep
+    def __init__(self, recv: torch.Tensor, mode: str, work=None, keep: tuple = (),
+                 done: torch.cuda.Event | None = None) -> None:
+        self.recv, self.mode, self.work, self.keep, self.done = recv, mode, work, keep, done
 
     def wait(self) -> torch.Tensor:
         if self.work is not None:
             self.work.wait()
             self.work = None
+        if self.done is not None:  # symmetric path: its copies ran on the stream that started it
+            torch.cuda.current_stream(self.recv.device).wait_event(self.done)
+            self.done = None
+            return self.recv  # already in the mode's layout
         self.keep = ()
         return self.recv.transpose(0, 1).contiguous() if self.mode == "token_publish" else self.recv
 
 
-def fragment_buffers(m_s: int, hidden: int, mode: str, world: int, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(send, recv) of the all-to-all that publishes fragments, made on the current stream."""
+def _output_tokens(m_s: int, mode: str, world: int) -> int:
+    return m_s if mode == "hidden_scatter" else m_s // world
+
+
+def _symmetric(group_name: str | None, m_s: int, hidden: int, mode: str, world: int, like: torch.Tensor):
+    from .symm_exchange import fragments_exchange
+
+    return fragments_exchange(group_name, _output_tokens(m_s, mode, world), hidden, like)
+
+
+def fragment_buffers(m_s: int, hidden: int, mode: str, world: int, like: torch.Tensor,
+                     group_name: str | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(send, recv) of the exchange that publishes fragments, made on the current stream (send None where the
+    symmetric-memory path will run: it writes straight into the owners' workspaces)."""
     shape = (world, m_s, hidden // world) if mode == "hidden_scatter" else (world, m_s // world, hidden)
-    return like.new_empty(shape), like.new_empty(shape)
+    symmetric = _symmetric(group_name, m_s, hidden, mode, world, like) is not None
+    return None if symmetric else like.new_empty(shape), like.new_empty(shape)
 
 
 def start_publish(s_partial: torch.Tensor, mode: str, group_name: str | None,
-                  buffers: tuple[torch.Tensor, ...] | None = None) -> PendingFragments:
+                  buffers: tuple[torch.Tensor | None, torch.Tensor] | None = None,
+                  symmetric: bool = True) -> PendingFragments:
     """Launch the move of this rank's partial shared output [M_s, H] into the owners' fragment layout on the
     current stream (the collective runs asynchronously: other streams' work goes on beside it); `wait()` on the
-    result before reading ws. buffers: fragment_buffers made earlier (default: made now)."""
+    result before reading ws. buffers: fragment_buffers made earlier (default: made now). symmetric=False keeps
+    the torch.distributed path even where a symmetric-memory workspace would serve (the reference ops)."""
     world = group_size(group_name)
     if world == 1:
         return PendingFragments(s_partial.unsqueeze(1 if mode == "token_publish" else 0).contiguous(), "local")
     group = resolve_group(group_name)
     m_s, hidden = s_partial.shape
+    exchange = _symmetric(group_name, m_s, hidden, mode, world, s_partial) if symmetric else None
+    if exchange is not None:
+        recv = buffers[1] if buffers is not None else fragment_buffers(m_s, hidden, mode, world, s_partial,
+                                                                       group_name)[1]
+        ws = exchange.publish(s_partial, mode, recv)
+        done = torch.cuda.Event()
+        done.record()
+        return PendingFragments(ws, mode, done=done)
     send, recv = buffers if buffers is not None else fragment_buffers(m_s, hidden, mode, world, s_partial)
+    if send is None:  # made for the symmetric path, which no longer serves (the workspace was released)
+        send = recv.new_empty(recv.shape)
     if mode == "hidden_scatter":
         send.copy_(s_partial.view(m_s, world, hidden // world).transpose(0, 1))
     else:  # token_publish: chunk q of the rank-major tokens goes to rank q
@@ -98,9 +128,10 @@ def start_publish(s_partial: torch.Tensor, mode: str, group_name: str | None,
     return PendingFragments(recv, mode, work, keep=(send,))
 
 
-def publish_fragments(s_partial: torch.Tensor, mode: str, group_name: str | None) -> torch.Tensor:
+def publish_fragments(s_partial: torch.Tensor, mode: str, group_name: str | None,
+                      symmetric: bool = True) -> torch.Tensor:
     """Move this rank's partial shared output [M_s, H] into the owners' fragment layout."""
-    return start_publish(s_partial, mode, group_name).wait()
+    return start_publish(s_partial, mode, group_name, symmetric=symmetric).wait()
 
 
 def fragments_as_rmn(ws: torch.Tensor, mode: str) -> torch.Tensor:
@@ -108,11 +139,18 @@ def fragments_as_rmn(ws: torch.Tensor, mode: str) -> torch.Tensor:
     return ws.transpose(0, 1) if mode == "token_publish" else ws
 
 
-def gather_columns(out_slice: torch.Tensor, group_name: str | None) -> torch.Tensor:
-    """All-gather column slices [M, H/R] of every rank into [M, H] (rank-major columns)."""
+def gather_columns(out_slice: torch.Tensor, group_name: str | None, symmetric: bool = True) -> torch.Tensor:
+    """All-gather column slices [M, H/R] of every rank into [M, H] (rank-major columns); by peer writes where a
+    symmetric-memory workspace serves (symmetric=False: always torch.distributed)."""
     world = group_size(group_name)
     if world == 1:
         return out_slice
+    if symmetric:
+        from .symm_exchange import gather_exchange
+
+        exchange = gather_exchange(group_name, out_slice)
+        if exchange is not None:
+            return exchange.gather_columns(out_slice.contiguous())
     group = resolve_group(group_name)
     m, width = out_slice.shape
     gathered = out_slice.new_empty(world * m, width)  # one collective into one buffer, then one copy to [M, H]

@@ -1,4 +1,5 @@
-"""Reference backends of the three ops: pure PyTorch, any device, the semantics of DESIGN.md."""
+"""Reference backends of the three ops: pure PyTorch, any device, the semantics of DESIGN.md. Their cross-rank
+movement is always torch.distributed's (the symmetric-memory path is checked against it)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ def producer_reference(
     y = routed_experts_math(z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta)
     y_n = rms_norm_math(y, rms_weight, eps)
     s_partial = shared_expert_math(x_s, w1_s, w3_s, w2_s, beta, lin_beta)
-    return y_n, publish_fragments(s_partial, mode, group_name)
+    return y_n, publish_fragments(s_partial, mode, group_name, symmetric=False)
 
 
 def tail_reference(y_n, w_up, ws, mode, group_name) -> torch.Tensor:
     y, w, frags = rank_tail_operands(y_n, w_up, ws, mode, group_name)
     out = tail_math(y, w, frags)
-    return gather_columns(out, group_name) if mode == "hidden_scatter" else out
+    return gather_columns(out, group_name, symmetric=False) if mode == "hidden_scatter" else out
 
 
 register_backend(Backend("routed_experts", "reference", 100, ANY_DEVICE, routed_experts_math))

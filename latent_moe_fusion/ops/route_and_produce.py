@@ -153,7 +153,7 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
     s_out = ws.view(m_s, hidden) if world == 1 else x_s.new_empty(m_s, hidden)
     # R > 1: the fragments go out from the shared expert's stream as soon as it is done, beside the routed
     # experts; their buffers are made here, on the caller's stream, which waits for the exchange before returning.
-    buffers = fragment_buffers(m_s, hidden, mode, world, x_s) if world > 1 else None
+    buffers = fragment_buffers(m_s, hidden, mode, world, x_s, group_name) if world > 1 else None
     published: list[PendingFragments] = []
     main = torch.cuda.current_stream(x.device)
     urgent = shared_first_urgent(x.shape[0])

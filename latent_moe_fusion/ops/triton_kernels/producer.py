@@ -48,7 +48,7 @@ def moe_shared_producer_triton(
     # R > 1: where the shared expert runs as library GEMMs, its fragments go out right after them, beside the
     # routed experts (buffers made on this stream, which waits for the exchange before returning); elsewhere
     # (shared tiles inside the routed grids) after everything.
-    buffers = fragment_buffers(m_s, hidden, mode, world, x_s) if world > 1 else None
+    buffers = fragment_buffers(m_s, hidden, mode, world, x_s, group_name) if world > 1 else None
     published: list[PendingFragments] = []
 
     def publish() -> None:
