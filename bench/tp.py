@@ -5,7 +5,8 @@ replayed in alternating rounds with a barrier before each replay, the slowest ra
 
 - exchange rows: the TP fragment publication (this rank's partial [M, H] -> [R, M, H/R] on every owner), the SP
   publication ([R M, H] -> [M, R, H]) and the TP output all-gather ([M, H/R] -> [M, H]), by symmetric memory
-  (`symm`) and by NCCL (`nccl`: layouts.py's all-to-all / all-gather);
+  (`symm`: one Triton launch per exchange; `symm_copies`: torch copies between two workspace barriers) and by
+  NCCL (`nccl`: layouts.py's all-to-all / all-gather);
 - tail rows: the unfused TP tail as the compiled reference block runs it (NCCL all-reduce of the shared partial,
   then y_n @ W_up^T + s) against the fused one (fragment publication, then lmf::latent_tail with its output
   all-gather), fused with either exchange.
@@ -74,9 +75,9 @@ def rows_for(m: int, exchange, world: int, rank: int, peer_bw: float) -> list[di
     y_n = [draw(m, LATENT) for _ in range(sets)]
     w_up = draw(HIDDEN, LATENT) / LATENT**0.5
 
-    def with_setting(setting: str, fn):
+    def with_setting(setting: str, fn, method: str = "kernel"):
         def step(i: int):
-            exchange.setting = setting  # read by the ops at capture; replays repeat what was captured
+            exchange.setting, exchange.method = setting, method  # read by the ops at capture; replays repeat it
             return fn(i)
         return step
 
@@ -96,17 +97,20 @@ def rows_for(m: int, exchange, world: int, rank: int, peer_bw: float) -> list[di
     rows = []
     sent = (world - 1) / world * m * HIDDEN * 2  # bytes each rank sends in every exchange above
     for part, fn in parts.items():
-        times = time_graphs_interleaved_ms({"symm": with_setting("on", fn), "nccl": with_setting("off", fn)},
+        times = time_graphs_interleaved_ms({"symm": with_setting("on", fn), "copies": with_setting("on", fn, "copies"),
+                                            "nccl": with_setting("off", fn)},
                                            sets, ROUNDS, REPLAYS, before_each=dist.barrier)
-        rows.append({"part": part, "M": m, "symm_us": times["symm"] * 1e3, "nccl_us": times["nccl"] * 1e3,
-                     "floor_us": sent / peer_bw * 1e6})
+        rows.append({"part": part, "M": m, "symm_us": times["symm"] * 1e3, "symm_copies_us": times["copies"] * 1e3,
+                     "nccl_us": times["nccl"] * 1e3, "floor_us": sent / peer_bw * 1e6})
     times = time_graphs_interleaved_ms({"unfused": with_setting("off", unfused_tail),
                                         "fused_symm": with_setting("on", fused_tail),
+                                        "fused_copies": with_setting("on", fused_tail, "copies"),
                                         "fused_nccl": with_setting("off", fused_tail)},
                                        sets, ROUNDS, REPLAYS, before_each=dist.barrier)
-    rows.append({"part": "TP tail", "M": m, "symm_us": times["fused_symm"] * 1e3, "nccl_us": times["fused_nccl"] * 1e3,
+    rows.append({"part": "TP tail", "M": m, "symm_us": times["fused_symm"] * 1e3,
+                 "symm_copies_us": times["fused_copies"] * 1e3, "nccl_us": times["fused_nccl"] * 1e3,
                  "unfused_us": times["unfused"] * 1e3})
-    exchange.setting = "auto"
+    exchange.setting, exchange.method = "auto", "kernel"
     return rows
 
 
@@ -128,7 +132,7 @@ def worker(rank: int, world: int, port: int, ms: list[int], out: str) -> None:
             dist.all_gather_object(every, mine)
             for i, row in enumerate(mine):
                 row = dict(row)
-                for key in ("symm_us", "nccl_us", "unfused_us"):
+                for key in ("symm_us", "symm_copies_us", "nccl_us", "unfused_us"):
                     if key in row:
                         row[key] = max(r[i][key] for r in every)  # the slowest rank
                 row["symm_vs_nccl"] = row["nccl_us"] / row["symm_us"]
@@ -149,10 +153,11 @@ def worker(rank: int, world: int, port: int, ms: list[int], out: str) -> None:
                           "memory (unicast peer writes, no multicast)",
                 "timing": f"one CUDA graph per variant ({2} rotating input sets up to M = 128, 1 beyond), {ROUNDS} "
                           f"alternating rounds of {REPLAYS} replays, a barrier before each; the slowest rank's median"}
-            write_results("tp", rows, ["part", "M", "symm_us", "nccl_us", "symm_vs_nccl", "floor_us", "symm_x_floor",
+            write_results("tp", rows, ["part", "M", "symm_us", "symm_copies_us", "nccl_us", "symm_vs_nccl", "floor_us",
+                                       "symm_x_floor",
                                        "unfused_us", "fused_symm_vs_unfused", "fused_nccl_vs_unfused"], meta, out,
                           notes="floor_us: the bytes a rank sends to its peers, (R-1)/R M H 2, over the measured "
-                                "peer-write bandwidth. TP tail: symm_us / nccl_us are the fused tail (fragment "
+                                "peer-write bandwidth. TP tail: symm_us / symm_copies_us / nccl_us are the fused tail (fragment "
                                 "publication + lmf::latent_tail with its output all-gather) with either exchange, "
                                 "unfused_us the NCCL all-reduce + y_n @ W_up^T + s.")
     finally:

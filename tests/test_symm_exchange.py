@@ -1,79 +1,63 @@
 """The symmetric-memory exchange (ops/symm_exchange.py) on the CPU.
 
-Its index arithmetic runs for real on R threads, one per rank, over an in-process stand-in for the symmetric
-workspace (every rank's buffer visible to every thread, the barrier a thread barrier): the published fragments
-and the gathered output must be the DESIGN.md layouts of the ranks' data, bitwise, exchange after exchange.
-The real path (NCCL, peer-mapped GPU memory) is tests/test_symm_exchange_gpu.py. Here also: the per-call choice,
-and prepare_symmetric_exchange failing closed on gloo in real processes (every rank keeps torch.distributed).
+Both methods (the one-launch Triton exchange, run by the interpreter, and the torch copies between barriers) run
+for real in R processes over a stand-in for the symmetric workspace: every rank's buffer is shared memory that
+every process maps (at its own addresses, as peers' GPU buffers are mapped), the copies' barrier a gloo barrier.
+The published fragments and the gathered output must be the DESIGN.md layouts of the ranks' data, bitwise,
+exchange after exchange over the same workspace (the flags must come back to rest). The real path (NCCL,
+peer-mapped GPU memory) is tests/test_symm_exchange_gpu.py. Here also: the per-call choice, and
+prepare_symmetric_exchange failing closed on gloo (every rank keeps torch.distributed).
 """
 
 from __future__ import annotations
-
-import threading
 
 import pytest
 import torch
 
 from latent_moe_fusion.ops import layouts
-from latent_moe_fusion.ops.symm_exchange import ENV, SymmetricExchange, _setting, prepare_symmetric_exchange
+from latent_moe_fusion.ops.symm_exchange import (
+    ENV,
+    SymmetricExchange,
+    _setting,
+    prepare_symmetric_exchange,
+    region_sizes,
+)
+from latent_moe_fusion.ops.triton_kernels.peer_exchange import MAX_CHUNKS
 from tests.gloo import run_gloo
 
 HIDDEN = 64
 
 
-class ThreadWorkspaces:
-    """R ranks' workspaces in one process: get_buffer(r) views rank r's bytes, barrier() waits for all threads."""
+class SharedHandle:
+    """The _SymmetricMemory calls the exchange makes, over shared-memory CPU buffers (one per rank)."""
 
-    def __init__(self, world: int, nbytes: int) -> None:
-        self.buffers = [torch.full((nbytes,), 0xFF, dtype=torch.uint8) for _ in range(world)]  # poison: NaN
-        self.meet = threading.Barrier(world, timeout=30)
-        self.channels: list[int] = []
-
-    def handle(self, rank: int) -> ThreadHandle:
-        return ThreadHandle(self, rank)
-
-
-class ThreadHandle:
-    def __init__(self, spaces: ThreadWorkspaces, rank: int) -> None:
-        self.spaces, self.rank = spaces, rank
+    def __init__(self, buffers: list[torch.Tensor]) -> None:
+        self.buffers, self.channels = buffers, []
 
     def get_buffer(self, rank: int, sizes, dtype: torch.dtype, storage_offset: int = 0) -> torch.Tensor:
         numel = 1
         for size in sizes:
             numel *= size
-        return self.spaces.buffers[rank].view(dtype)[storage_offset:storage_offset + numel].view(tuple(sizes))
+        return self.buffers[rank].view(dtype)[storage_offset:storage_offset + numel].view(tuple(sizes))
 
     def barrier(self, channel: int = 0) -> None:
-        if self.rank == 0:
-            self.spaces.channels.append(channel)
-        self.spaces.meet.wait()
+        import torch.distributed as dist
+
+        self.channels.append(channel)
+        dist.barrier()
 
 
-def exchanges(world: int, max_tokens: int, setting: str = "on") -> list[SymmetricExchange]:
-    fragment_bytes = world * max_tokens * HIDDEN * 4
-    spaces = ThreadWorkspaces(world, fragment_bytes + max_tokens * HIDDEN * 4)
-    return [SymmetricExchange("g", world, rank, torch.device("cpu"), max_tokens, HIDDEN, setting,
-                              spaces.buffers[rank], spaces.handle(rank), fragment_bytes) for rank in range(world)]
+def sizes(world: int, max_tokens: int) -> tuple[int, int, int]:
+    fragment_bytes, output_bytes = region_sizes(world, max_tokens, HIDDEN, 4)
+    return fragment_bytes, output_bytes, fragment_bytes + output_bytes + 2 * world * MAX_CHUNKS * 4
 
 
-def on_threads(world: int, fn) -> list:
-    results: list = [None] * world
-    errors: list = []
-
-    def run(rank: int) -> None:
-        try:
-            results[rank] = fn(rank)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(world)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return results
+def exchange_on(rank: int, buffers: list[torch.Tensor], max_tokens: int, setting: str = "on",
+                method: str = "copies") -> SymmetricExchange:
+    world = len(buffers)
+    fragment_bytes, output_bytes, _ = sizes(world, max_tokens)
+    return SymmetricExchange("g", world, rank, torch.device("cpu"), max_tokens, HIDDEN, setting, buffers[rank],
+                             SharedHandle(buffers), fragment_bytes, output_bytes, method=method, max_programs=3)
 
 
 def dense_fragments(partials: list[torch.Tensor], mode: str, owner: int) -> torch.Tensor:
@@ -86,54 +70,58 @@ def dense_fragments(partials: list[torch.Tensor], mode: str, owner: int) -> torc
     return torch.stack([p[owner * m:(owner + 1) * m] for p in partials], dim=1)
 
 
+MAX_TOKENS = 12
+
+
+def _exchange_worker(rank: int, world: int, buffers: list[torch.Tensor], seed: int) -> dict:
+    gen = torch.Generator().manual_seed(seed)  # the same draws on every rank: each knows what the others send
+    failures, channels = [], {}
+    for method in ("kernel", "copies"):
+        exchange = exchange_on(rank, buffers, MAX_TOKENS, method=method)
+        for mode in ("hidden_scatter", "token_publish"):
+            for dtype in (torch.bfloat16, torch.float32):
+                for tokens in (MAX_TOKENS, 3, 1):  # over the last exchange's bytes: nothing stale may survive
+                    m_s = tokens if mode == "hidden_scatter" else tokens * world
+                    partials = [torch.randn(m_s, HIDDEN, generator=gen).to(dtype) for _ in range(world)]
+                    shape = layouts.fragment_shape(mode, tokens, HIDDEN, world)
+                    ws = exchange.publish(partials[rank], mode, torch.full(shape, float("nan"), dtype=dtype))
+                    if not (ws.shape == shape and torch.equal(ws, dense_fragments(partials, mode, rank))):
+                        failures.append((method, mode, str(dtype), tokens))
+        for tokens in (10, 1):
+            slices = [torch.randn(tokens, HIDDEN // world, generator=gen).to(torch.bfloat16) for _ in range(world)]
+            out = exchange.gather_columns(slices[rank])
+            if not torch.equal(out, torch.cat(slices, dim=1)):
+                failures.append((method, "gather", tokens))
+            if out.untyped_storage().data_ptr() == buffers[rank].untyped_storage().data_ptr():
+                failures.append((method, "gather returned the workspace", tokens))
+        channels[method] = exchange.handle.channels
+        flags = buffers[rank][exchange.fragment_bytes + exchange.output_bytes:].view(torch.int32)
+        if method == "kernel" and bool(flags.any()):
+            failures.append((method, "flags not at rest"))
+    return {"failures": failures, "channels": channels}
+
+
 @pytest.mark.parametrize("world", [2, 4, 8])
-@pytest.mark.parametrize("mode", ["hidden_scatter", "token_publish"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_published_fragments_are_the_layout_bitwise(world, mode, dtype, rng_seed):
-    max_tokens = 12
-    ranks = exchanges(world, max_tokens)
-    for tokens in (max_tokens, 3):  # a second exchange over the first one's bytes: nothing stale survives
-        m_s = tokens if mode == "hidden_scatter" else tokens * world
-        partials = [torch.randn(m_s, HIDDEN).to(dtype) for _ in range(world)]
-        shape = layouts.fragment_shape(mode, tokens, HIDDEN, world)
-
-        def publish(rank: int, partials=partials, shape=shape) -> torch.Tensor:
-            out = torch.full(shape, float("nan"), dtype=dtype)
-            return ranks[rank].publish(partials[rank], mode, out)
-
-        for owner, ws in enumerate(on_threads(world, publish)):
-            assert ws.shape == shape and ws.is_contiguous()
-            assert torch.equal(ws, dense_fragments(partials, mode, owner)), (tokens, owner)
-    assert [ex.publishes for ex in ranks] == [2] * world
-
-
-@pytest.mark.parametrize("world", [2, 4])
-def test_gathered_columns_are_every_rank_slice_bitwise(world, rng_seed):
-    ranks = exchanges(world, 10)
-    for tokens in (10, 1):
-        slices = [torch.randn(tokens, HIDDEN // world).to(torch.bfloat16) for _ in range(world)]
-        outs = on_threads(world, lambda rank, slices=slices: ranks[rank].gather_columns(slices[rank]))
-        for out in outs:
-            assert torch.equal(out, torch.cat(slices, dim=1))
-            # a fresh tensor, not a view of the workspace the next gather overwrites
-            assert all(out.untyped_storage().data_ptr() != ex.buffer.untyped_storage().data_ptr() for ex in ranks)
-
-
-def test_each_exchange_meets_twice_on_its_own_channels():
-    ranks = exchanges(2, 4)
-    on_threads(2, lambda rank: ranks[rank].publish(torch.randn(4, HIDDEN), "hidden_scatter",
-                                                   torch.empty(2, 4, HIDDEN // 2)))
-    on_threads(2, lambda rank: ranks[rank].gather_columns(torch.randn(4, HIDDEN // 2)))
-    assert ranks[0].handle.spaces.channels == [0, 1, 2, 3]
+def test_exchanges_deliver_the_layouts_bitwise(world, rng_seed):
+    buffers = [torch.full((sizes(world, MAX_TOKENS)[2],), 0xFF, dtype=torch.uint8) for _ in range(world)]  # NaN
+    for buffer in buffers:
+        buffer[sum(sizes(world, MAX_TOKENS)[:2]):] = 0  # flags at rest, as prepare_symmetric_exchange leaves them
+        buffer.share_memory_()
+    for rank, res in enumerate(run_gloo(_exchange_worker, world, (buffers, rng_seed), timeout=600,
+                                        preload=("latent_moe_fusion",))):
+        assert res["failures"] == [], (rank, res["failures"])
+        assert res["channels"]["kernel"] == [], "the kernel method signals per chunk, without workspace barriers"
+        assert res["channels"]["copies"] == [0, 1] * 12 + [2, 3] * 2, "two barriers per exchange, per kind"
 
 
 def test_the_choice_follows_setting_window_and_capacity():
     cpu, dtype = torch.device("cpu"), torch.bfloat16
-    auto = exchanges(2, 64, setting="auto")[0]
+    buffers = [torch.zeros(sizes(2, 64)[2], dtype=torch.uint8) for _ in range(2)]
+    auto = exchange_on(0, buffers, 64, setting="auto")
     auto.fragment_window, auto.gather_window = (4, 32), (1, 8)
     assert [auto.serves_fragments(t, HIDDEN, dtype, cpu) for t in (3, 4, 32, 33)] == [False, True, True, False]
     assert [auto.serves_gather(t, HIDDEN // 2, dtype, cpu) for t in (1, 8, 9)] == [True, True, False]
-    on = exchanges(2, 64, setting="on")[0]
+    on = exchange_on(0, buffers, 64, setting="on")
     on.fragment_window = (4, 32)
     assert on.serves_fragments(3, HIDDEN, dtype, cpu) and on.serves_fragments(64, HIDDEN, dtype, cpu)
     assert not on.serves_fragments(65, HIDDEN, dtype, cpu), "more tokens than the workspace holds"

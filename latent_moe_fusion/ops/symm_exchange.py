@@ -8,15 +8,17 @@ allocates one symmetric workspace per group (`torch.distributed._symmetric_memor
 buffer; unicast stores only, NVLink multicast is never used) and rendezvouses it. From then on, where the token
 count lies in the measured window (`SymmetricExchange.fragment_window`, `.gather_window`), the producers publish
 their shared fragments by peer writes into the owners' workspaces and the hidden_scatter tail gathers its output
-column slices the same way. One exchange on rank q, on the stream that made the data:
+column slices the same way. One exchange on rank q, on the stream that made the data, by default in one Triton
+launch (`method = "kernel"`, triton_kernels/peer_exchange.py: the signals are per chunk, in the workspace's flags):
 
-    barrier (channel a)   every rank has finished its last read of its own workspace (they are stream-ordered
-                          before this barrier on every rank), so it may be overwritten
-    peer writes           owner p's workspace receives q's part for p (p = q: a local copy)
-    barrier (channel b)   the signal: every peer's writes into q's workspace have landed (release / acquire at
-                          system scope; the writes precede the signal in stream order)
-    copy out              the op's own fresh output from q's workspace: the ops are functional (nothing they
-                          return aliases the workspace, which the next exchange overwrites)
+    peer writes   owner p's workspace receives q's part for p, chunk by chunk, each chunk once p has copied out
+                  the last exchange's (its flag back at 0), then signalled (flag 1, release at system scope)
+    copy out      q's own part and, as each peer's signal arrives (acquire), that peer's chunk go into the op's
+                  fresh output: the ops are functional (nothing they return aliases the workspace, which the
+                  next exchange overwrites); the flag goes back to 0
+
+`method = "copies"` does the same with torch copies between two workspace barriers (handle.barrier: every rank's
+last copy-out done / every peer's writes landed): five launches for R = 2, kept as the measured alternative.
 
 The producer runs its exchange on the shared expert's side stream, beside the routed experts, and the caller's
 stream joins it before the producer returns: the tail, next on that stream, is what waits for the signal.
@@ -46,14 +48,42 @@ _CODES = {"off": 0, "auto": 1, "on": 2}  # agreed across ranks by MIN: one rank'
 # taken by default, measured on two H200 (bench/tp.py -> bench/results/tp.md). None: no bound.
 FRAGMENT_WINDOW: tuple[int, int | None] = (1, None)
 GATHER_WINDOW: tuple[int, int | None] = (1, None)
-# Signal channels of the workspace's signal pad: fragments and output gather each use their own pair.
-_FRAGMENT_CHANNELS, _GATHER_CHANNELS = (0, 1), (2, 3)
+# Signal channels of the workspace's signal pad (copy method): fragments and output gather each use their own pair.
+_CHANNELS = {"fragments": (0, 1), "gather": (2, 3)}
+_KINDS = ("fragments", "gather")
 _ALIGN = 256
+METHODS = ("kernel", "copies")
+
+
+@dataclass(frozen=True)
+class Parts:
+    """An exchange's operands: this rank's part p (for rank p) at src + p * part_stride, [rows, cols] with row
+    stride src_row_stride; the output's slot r (from rank r) at out + r * slot_stride, row stride out_row_stride."""
+
+    src: torch.Tensor
+    part_stride: int
+    src_row_stride: int
+    out: torch.Tensor
+    slot_stride: int
+    out_row_stride: int
+    rows: int
+    cols: int
+
+    def part(self, p: int) -> torch.Tensor:
+        return self.src.as_strided((self.rows, self.cols), (self.src_row_stride, 1),
+                                   self.src.storage_offset() + p * self.part_stride)
+
+    def slot(self, r: int) -> torch.Tensor:
+        return self.out.as_strided((self.rows, self.cols), (self.out_row_stride, 1),
+                                   self.out.storage_offset() + r * self.slot_stride)
 
 
 @dataclass
 class SymmetricExchange:
-    """One group's workspace: [fragment region | output region] of one symmetric allocation on every rank."""
+    """One group's workspace: [fragment region | output region | flags] of one symmetric allocation on every rank.
+    A region holds [R, rows, cols] (slot r: what rank r sent); flags: int32 [2 kinds, R, MAX_CHUNKS], zero at rest.
+    method "kernel": one Triton launch per exchange (triton_kernels/peer_exchange.py); "copies": torch copies
+    between two workspace barriers (module docstring)."""
 
     group_name: str
     world: int
@@ -64,12 +94,22 @@ class SymmetricExchange:
     setting: str
     buffer: torch.Tensor
     handle: object
-    fragment_bytes: int
+    fragment_bytes: int  # each region also holds the kernel's places for every (source rank, chunk)
+    output_bytes: int
+    method: str = "kernel"
+    max_programs: int = 132
     fragment_window: tuple[int, int | None] = FRAGMENT_WINDOW
     gather_window: tuple[int, int | None] = GATHER_WINDOW
     publishes: int = 0  # calls that took this path (host counts: what a test or benchmark asserts ran)
     gathers: int = 0
+    places: dict = field(default_factory=dict)  # kind -> (chunk places per source rank, bytes per place)
     _views: dict = field(default_factory=dict, repr=False)
+    _tables: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.places:
+            self.places = kernel_places(self.world, self.max_tokens, self.hidden, self.fragment_bytes,
+                                        self.output_bytes)
 
     def _wanted(self, tokens: int, window: tuple[int, int | None]) -> bool:
         if self.setting == "off" or tokens > self.max_tokens:
@@ -79,15 +119,33 @@ class SymmetricExchange:
         low, high = window
         return tokens >= low and (high is None or tokens <= high)
 
+    def _region(self, kind: str) -> int:
+        return self.fragment_bytes if kind == "fragments" else self.output_bytes
+
+    def _places(self, kind: str, dtype: torch.dtype):
+        """The kernel's chunk places in `kind`'s region, counted in elements of dtype."""
+        from .triton_kernels.peer_exchange import Places
+
+        count, place_bytes = self.places[kind]
+        return Places(count, place_bytes // _itemsize(dtype))
+
+    def _fits(self, kind: str, rows: int, cols: int, dtype: torch.dtype) -> bool:
+        """Whether an exchange of [rows, cols] parts fits the region: the copies' R slots, the kernel's chunks."""
+        from .triton_kernels.peer_exchange import Chunks
+
+        if self.method == "copies":
+            return self.world * rows * cols * _itemsize(dtype) <= self._region(kind)
+        return self._places(kind, dtype).hold(Chunks.of(rows, cols))
+
     def serves_fragments(self, tokens: int, hidden: int, dtype: torch.dtype, device: torch.device) -> bool:
-        return (device == self.device and hidden <= self.hidden and hidden % self.world == 0
-                and self.world * tokens * hidden * _itemsize(dtype) <= self.fragment_bytes
-                and self._wanted(tokens, self.fragment_window))
+        if device != self.device or hidden > self.hidden or hidden % self.world:
+            return False
+        # checked for the SP form's parts [tokens, H], the larger (TP's are [tokens, H/R])
+        return self._fits("fragments", tokens, hidden, dtype) and self._wanted(tokens, self.fragment_window)
 
     def serves_gather(self, tokens: int, width: int, dtype: torch.dtype, device: torch.device) -> bool:
-        output_bytes = self.buffer.numel() - self.fragment_bytes
-        return (device == self.device and tokens * width * self.world * _itemsize(dtype) <= output_bytes
-                and self._wanted(tokens, self.gather_window))
+        return (device == self.device and width * self.world <= self.hidden
+                and self._fits("gather", tokens, width, dtype) and self._wanted(tokens, self.gather_window))
 
     def view(self, rank: int, shape: tuple[int, ...], dtype: torch.dtype, byte_offset: int = 0) -> torch.Tensor:
         """rank's workspace (this rank's mapping of it) as a contiguous tensor of `shape` at byte_offset."""
@@ -96,48 +154,99 @@ class SymmetricExchange:
             self._views[key] = self.handle.get_buffer(rank, shape, dtype, byte_offset // _itemsize(dtype))
         return self._views[key]
 
+    def _region_offset(self, kind: str) -> int:
+        return 0 if kind == "fragments" else self.fragment_bytes
+
+    def _flags_offset(self, kind: str) -> int:
+        from .triton_kernels.peer_exchange import MAX_CHUNKS
+
+        return self.fragment_bytes + self.output_bytes + _KINDS.index(kind) * self.world * MAX_CHUNKS * 4
+
+    def _table(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """int64 [R] addresses of every rank's region and flags of `kind`, as this rank maps them."""
+        if kind not in self._tables:
+            regions = [self.view(r, (1,), torch.uint8, self._region_offset(kind)).data_ptr() for r in range(self.world)]
+            flags = [self.view(r, (1,), torch.int32, self._flags_offset(kind)).data_ptr() for r in range(self.world)]
+            self._tables[kind] = (torch.tensor(regions, dtype=torch.int64, device=self.device),
+                                  torch.tensor(flags, dtype=torch.int64, device=self.device))
+        return self._tables[kind]
+
+    def _exchange(self, kind: str, parts: Parts) -> None:
+        if self.method == "kernel":
+            from .triton_kernels.peer_exchange import launch_peer_exchange
+
+            regions, flags = self._table(kind)
+            launch_peer_exchange(parts.src, parts.part_stride, parts.src_row_stride, parts.out, parts.slot_stride,
+                                 parts.out_row_stride, regions, flags, self._places(kind, parts.out.dtype), self.rank,
+                                 self.world, parts.rows, parts.cols, self.max_programs)
+            return
+        shape, offset = (self.world, parts.rows, parts.cols), self._region_offset(kind)
+        first, second = _CHANNELS[kind]
+        self.handle.barrier(channel=first)
+        for step in range(self.world):
+            owner = (self.rank + step) % self.world
+            self.view(owner, shape, parts.src.dtype, offset)[self.rank].copy_(parts.part(owner))
+        self.handle.barrier(channel=second)
+        mine = self.view(self.rank, shape, parts.src.dtype, offset)
+        for source in range(self.world):
+            parts.slot(source).copy_(mine[source])
+
     def publish(self, s_partial: torch.Tensor, mode: str, out: torch.Tensor) -> torch.Tensor:
         """This rank's partial shared output [M_s, H] into every owner's fragments; `out` (fresh, the op's ws,
         contiguous with the fragment layout's numel) receives this rank's fragments. On the current stream."""
+        s_partial = s_partial.contiguous()
         m_s, hidden = s_partial.shape
-        world, me = self.world, self.rank
-        if mode == "hidden_scatter":
-            shape, width = (world, m_s, hidden // world), hidden // world
-        else:  # token_publish: ws [M, R, H], rank p owns tokens p*M .. of the rank-major batch
-            shape, width = (m_s // world, world, hidden), m_s // world
-        first, second = _FRAGMENT_CHANNELS
-        self.handle.barrier(channel=first)
-        for step in range(world):
-            owner = (me + step) % world
-            dst = self.view(owner, shape, s_partial.dtype)
-            if mode == "hidden_scatter":
-                dst[me].copy_(s_partial[:, owner * width:(owner + 1) * width])
-            else:
-                dst[:, me].copy_(s_partial[owner * width:(owner + 1) * width])
-        self.handle.barrier(channel=second)
-        mine = self.view(me, shape, s_partial.dtype)
-        ws = out.view(shape)
-        ws.copy_(mine)
+        world = self.world
+        if mode == "hidden_scatter":  # ws [R, M, H/R]: part p = columns p*H/R.. of every token
+            width = hidden // world
+            ws = out.view(world, m_s, width)
+            parts = Parts(s_partial, width, hidden, ws, m_s * width, width, m_s, width)
+        else:  # token_publish: ws [M, R, H], part p = tokens p*M .. of the rank-major batch
+            m = m_s // world
+            ws = out.view(m, world, hidden)
+            parts = Parts(s_partial, m * hidden, hidden, ws, hidden, world * hidden, m, hidden)
+        self._exchange("fragments", parts)
         self.publishes += 1
         return ws
 
     def gather_columns(self, out_slice: torch.Tensor) -> torch.Tensor:
         """Every rank's column slice [M, H/R] into a fresh [M, H] (rank-major columns). On the current stream."""
+        out_slice = out_slice.contiguous()
         m, width = out_slice.shape
-        world, me = self.world, self.rank
-        shape = (m, world * width)
-        first, second = _GATHER_CHANNELS
-        self.handle.barrier(channel=first)
-        for step in range(world):
-            owner = (me + step) % world
-            self.view(owner, shape, out_slice.dtype, self.fragment_bytes)[:, me * width:(me + 1) * width].copy_(
-                out_slice)
-        self.handle.barrier(channel=second)
+        out = out_slice.new_empty(m, self.world * width)
+        self._exchange("gather", Parts(out_slice, 0, width, out, width, self.world * width, m, width))
         self.gathers += 1
-        return self.view(me, shape, out_slice.dtype, self.fragment_bytes).clone()
+        return out
 
 
 _EXCHANGES: dict[str, SymmetricExchange] = {}
+
+
+def _kernel_layouts(world: int, max_tokens: int, hidden: int):
+    """The kernel's chunk places per kind: fragments up to the SP form's [max_tokens, H] parts (TP's are
+    [max_tokens, H/R]), the gather up to [max_tokens, H/R]."""
+    from .triton_kernels.peer_exchange import Places
+
+    return {"fragments": Places.up_to(max_tokens, hidden), "gather": Places.up_to(max_tokens, hidden // world)}
+
+
+def region_sizes(world: int, max_tokens: int, hidden: int, itemsize: int) -> tuple[int, int]:
+    """(fragment, output) region bytes on a rank: room for the copies' [R, rows, cols] slots and for the kernel's
+    chunk places (kernel_places), rounded up to _ALIGN."""
+    layouts = _kernel_layouts(world, max_tokens, hidden)
+    fragments = max(world * max_tokens * hidden * itemsize, layouts["fragments"].region_bytes(world, itemsize))
+    output = max(world * max_tokens * (hidden // world) * itemsize, layouts["gather"].region_bytes(world, itemsize))
+    return -(-fragments // _ALIGN) * _ALIGN, -(-output // _ALIGN) * _ALIGN
+
+
+def kernel_places(world: int, max_tokens: int, hidden: int, fragment_bytes: int,
+                  output_bytes: int) -> dict[str, tuple[int, int]]:
+    """kind -> (places per source rank, bytes per place): each region split evenly over its places (at least the
+    prepared dtype's need, more for wider dtypes where the region has room)."""
+    layouts = _kernel_layouts(world, max_tokens, hidden)
+    regions = {"fragments": fragment_bytes, "gather": output_bytes}
+    return {kind: (places.count, regions[kind] // (world * places.count) // 16 * 16)
+            for kind, places in layouts.items()}
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -184,6 +293,11 @@ def prepare_symmetric_exchange(group: dist.ProcessGroup | str | None = None, max
         raise RuntimeError("prepare_symmetric_exchange allocates and rendezvouses: call it before CUDA-graph capture")
     if max_tokens < 1 or hidden < 1:
         raise ValueError(f"max_tokens = {max_tokens} and hidden = {hidden} must be positive")
+    from .triton_kernels.peer_exchange import MAX_BLOCK_ROWS, MAX_CHUNKS, Chunks
+
+    if Chunks.of(max_tokens, hidden).block_r > MAX_BLOCK_ROWS:
+        raise ValueError(f"max_tokens = {max_tokens} at hidden = {hidden} needs more chunk flags than the workspace "
+                         "has: prepare for fewer tokens (larger calls take the torch.distributed path anyway)")
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     release_symmetric_exchange(group.group_name)
@@ -197,10 +311,12 @@ def prepare_symmetric_exchange(group: dist.ProcessGroup | str | None = None, max
     import torch.distributed._symmetric_memory as symm_mem
 
     itemsize = _itemsize(dtype)
-    fragment_bytes = -(-world * max_tokens * hidden * itemsize // _ALIGN) * _ALIGN
-    output_bytes = max_tokens * hidden * itemsize
+    fragment_bytes, output_bytes = region_sizes(world, max_tokens, hidden, itemsize)
+    total = fragment_bytes + output_bytes + len(_KINDS) * world * MAX_CHUNKS * 4
     try:
-        buffer = symm_mem.empty(fragment_bytes + output_bytes, dtype=torch.uint8, device=device)
+        buffer = symm_mem.empty(total, dtype=torch.uint8, device=device)
+        buffer.zero_()  # the flags start at rest; every rank is done before the rendezvous returns anywhere
+        torch.cuda.synchronize(device)
         allocated = 1
     except Exception:  # noqa: BLE001 - another rank may have succeeded: agree before the rendezvous
         buffer, allocated = None, 0
@@ -213,7 +329,8 @@ def prepare_symmetric_exchange(group: dist.ProcessGroup | str | None = None, max
             enable(group.group_name)
     handle = symm_mem.rendezvous(buffer, group.group_name)
     exchange = SymmetricExchange(group.group_name, world, rank, device, max_tokens, hidden,
-                                 "on" if agreed == _CODES["on"] else "auto", buffer, handle, fragment_bytes)
+                                 "on" if agreed == _CODES["on"] else "auto", buffer, handle, fragment_bytes,
+                                 output_bytes, max_programs=torch.cuda.get_device_properties(device).multi_processor_count)
     _EXCHANGES[group.group_name] = exchange
     return exchange
 
