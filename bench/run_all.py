@@ -42,6 +42,7 @@ BENCHMARKS = (
     ("shared_strategy.py", (), None),
     ("block.py", (), None),
     ("block_tp.py", (), "gpus:2"),  # the block over two GPUs with NCCL (TP and SP), communication included
+    ("tp.py", (), "gpus:2"),  # fragment exchange and tail: symmetric-memory peer writes against NCCL
     ("host_gaps.py", (), None),  # why prefill wall time exceeds kernel time (GPU idle gaps)
     ("op_host_time.py", (), None),  # host time per op call, layer by layer
     ("router_gemm.py", (), None),  # the router GEMM at decode against its byte floor

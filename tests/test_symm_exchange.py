@@ -148,13 +148,20 @@ def test_prepare_needs_torch_distributed():
 def _gloo_worker(rank: int, world: int, seed: int) -> dict:
     import torch.distributed as dist
 
+    errors = []
+    for kwargs in ({"max_tokens": 0}, {"hidden": -1}, {"max_tokens": 1 << 20}):
+        try:
+            prepare_symmetric_exchange(dist.group.WORLD, device="cpu", **{"max_tokens": 8, "hidden": HIDDEN, **kwargs})
+        except ValueError as exc:
+            errors.append(str(exc))
     exchange = prepare_symmetric_exchange(dist.group.WORLD, max_tokens=8, hidden=HIDDEN, device="cpu")
     gen = torch.Generator().manual_seed(seed + rank)
     s_partial = torch.randn(8, HIDDEN, generator=gen).to(torch.bfloat16)
     ws = layouts.start_publish(s_partial, "hidden_scatter", dist.group.WORLD.group_name).wait()
     every = [torch.empty_like(s_partial) for _ in range(world)]
     dist.all_gather(every, s_partial)
-    return {"exchange": exchange, "ws_ok": bool(torch.equal(ws, dense_fragments(every, "hidden_scatter", rank)))}
+    return {"exchange": exchange, "errors": errors,
+            "ws_ok": bool(torch.equal(ws, dense_fragments(every, "hidden_scatter", rank)))}
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -162,3 +169,6 @@ def test_gloo_groups_keep_torch_distributed(world, rng_seed):
     for rank, res in enumerate(run_gloo(_gloo_worker, world, (rng_seed,))):
         assert res["exchange"] is None, rank  # every rank agreed: no workspace on a gloo group
         assert res["ws_ok"], rank
+        assert len(res["errors"]) == 3, res["errors"]
+        assert "must be positive" in res["errors"][0] and "must be positive" in res["errors"][1]
+        assert "prepare for fewer tokens" in res["errors"][2]
