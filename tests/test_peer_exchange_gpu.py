@@ -9,8 +9,7 @@ bitwise against the DESIGN.md layouts, over exchanges of changing shapes and man
 import pytest
 import torch
 
-from latent_moe_fusion.ops.symm_exchange import SymmetricExchange, region_sizes
-from latent_moe_fusion.ops.triton_kernels.peer_exchange import MAX_CHUNKS
+from latent_moe_fusion.ops.symm_exchange import SymmetricExchange, flag_bytes, region_sizes
 
 pytestmark = pytest.mark.gpu
 
@@ -33,7 +32,7 @@ class DeviceHandle:
 
 def _ranks(world: int, max_tokens: int) -> list[SymmetricExchange]:
     fragment_bytes, output_bytes = region_sizes(world, max_tokens, HIDDEN, 2)
-    total = fragment_bytes + output_bytes + 2 * world * MAX_CHUNKS * 4
+    total = fragment_bytes + output_bytes + flag_bytes(world)
     buffers = [torch.full((total,), 0xFF, dtype=torch.uint8, device="cuda") for _ in range(world)]
     for buffer in buffers:
         buffer[fragment_bytes + output_bytes:] = 0

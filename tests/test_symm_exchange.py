@@ -19,10 +19,10 @@ from latent_moe_fusion.ops.symm_exchange import (
     ENV,
     SymmetricExchange,
     _setting,
+    flag_bytes,
     prepare_symmetric_exchange,
     region_sizes,
 )
-from latent_moe_fusion.ops.triton_kernels.peer_exchange import MAX_CHUNKS
 from tests.gloo import run_gloo
 
 HIDDEN = 64
@@ -49,7 +49,7 @@ class SharedHandle:
 
 def sizes(world: int, max_tokens: int) -> tuple[int, int, int]:
     fragment_bytes, output_bytes = region_sizes(world, max_tokens, HIDDEN, 4)
-    return fragment_bytes, output_bytes, fragment_bytes + output_bytes + 2 * world * MAX_CHUNKS * 4
+    return fragment_bytes, output_bytes, fragment_bytes + output_bytes + flag_bytes(world)
 
 
 def exchange_on(rank: int, buffers: list[torch.Tensor], max_tokens: int, setting: str = "on",
@@ -94,7 +94,8 @@ def _exchange_worker(rank: int, world: int, buffers: list[torch.Tensor], seed: i
                 failures.append((method, "gather", tokens))
             if out.untyped_storage().data_ptr() == buffers[rank].untyped_storage().data_ptr():
                 failures.append((method, "gather returned the workspace", tokens))
-        channels[method] = exchange.handle.channels
+        channels[method] = list(exchange.handle.channels)
+        torch.distributed.barrier()  # peers clear this rank's busy flags after their last copy-out
         flags = buffers[rank][exchange.fragment_bytes + exchange.output_bytes:].view(torch.int32)
         if method == "kernel" and bool(flags.any()):
             failures.append((method, "flags not at rest"))

@@ -81,7 +81,7 @@ class Parts:
 @dataclass
 class SymmetricExchange:
     """One group's workspace: [fragment region | output region | flags] of one symmetric allocation on every rank.
-    A region holds [R, rows, cols] (slot r: what rank r sent); flags: int32 [2 kinds, R, MAX_CHUNKS], zero at rest.
+    A region holds [R, rows, cols] (slot r: what rank r sent); flags: int32 [2 kinds, 2 R, MAX_CHUNKS], zero at rest.
     method "kernel": one Triton launch per exchange (triton_kernels/peer_exchange.py); "copies": torch copies
     between two workspace barriers (module docstring)."""
 
@@ -158,9 +158,9 @@ class SymmetricExchange:
         return 0 if kind == "fragments" else self.fragment_bytes
 
     def _flags_offset(self, kind: str) -> int:
-        from .triton_kernels.peer_exchange import MAX_CHUNKS
+        from .triton_kernels.peer_exchange import FLAG_SETS, MAX_CHUNKS
 
-        return self.fragment_bytes + self.output_bytes + _KINDS.index(kind) * self.world * MAX_CHUNKS * 4
+        return self.fragment_bytes + self.output_bytes + _KINDS.index(kind) * FLAG_SETS * self.world * MAX_CHUNKS * 4
 
     def _table(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         """int64 [R] addresses of every rank's region and flags of `kind`, as this rank maps them."""
@@ -230,6 +230,13 @@ def _kernel_layouts(world: int, max_tokens: int, hidden: int):
     return {"fragments": Places.up_to(max_tokens, hidden), "gather": Places.up_to(max_tokens, hidden // world)}
 
 
+def flag_bytes(world: int) -> int:
+    """Bytes of the kernel's flags on a rank, after the two regions (zero at rest)."""
+    from .triton_kernels.peer_exchange import FLAG_SETS, MAX_CHUNKS
+
+    return len(_KINDS) * FLAG_SETS * world * MAX_CHUNKS * 4
+
+
 def region_sizes(world: int, max_tokens: int, hidden: int, itemsize: int) -> tuple[int, int]:
     """(fragment, output) region bytes on a rank: room for the copies' [R, rows, cols] slots and for the kernel's
     chunk places (kernel_places), rounded up to _ALIGN."""
@@ -293,7 +300,7 @@ def prepare_symmetric_exchange(group: dist.ProcessGroup | str | None = None, max
         raise RuntimeError("prepare_symmetric_exchange allocates and rendezvouses: call it before CUDA-graph capture")
     if max_tokens < 1 or hidden < 1:
         raise ValueError(f"max_tokens = {max_tokens} and hidden = {hidden} must be positive")
-    from .triton_kernels.peer_exchange import MAX_BLOCK_ROWS, MAX_CHUNKS, Chunks
+    from .triton_kernels.peer_exchange import MAX_BLOCK_ROWS, Chunks
 
     if Chunks.of(max_tokens, hidden).block_r > MAX_BLOCK_ROWS:
         raise ValueError(f"max_tokens = {max_tokens} at hidden = {hidden} needs more chunk flags than the workspace "
@@ -312,7 +319,7 @@ def prepare_symmetric_exchange(group: dist.ProcessGroup | str | None = None, max
 
     itemsize = _itemsize(dtype)
     fragment_bytes, output_bytes = region_sizes(world, max_tokens, hidden, itemsize)
-    total = fragment_bytes + output_bytes + len(_KINDS) * world * MAX_CHUNKS * 4
+    total = fragment_bytes + output_bytes + flag_bytes(world)
     try:
         buffer = symm_mem.empty(total, dtype=torch.uint8, device=device)
         buffer.zero_()  # the flags start at rest; every rank is done before the rendezvous returns anywhere

@@ -7,12 +7,15 @@ its own place in the owner's workspace, (s * places + c) * place_elems, whatever
 then guards exactly the bytes it names, so exchanges of different shapes one after the other (a prefill, then a
 decode step) never overwrite a chunk that its owner has not copied out yet. For each chunk:
 
-    for each peer p:   wait until p's flag [me, chunk] is 0 (p has copied out the last exchange's chunk),
-                       store my part p's chunk into p's workspace slot me, then set that flag to 1 (release, system
-                       scope, after a CTA barrier: every thread's stores precede the signal)
+    for each peer p:   wait until my busy[p, chunk] is 0 (p has copied out the last exchange's chunk: p cleared
+                       it, release), set it to 1, store my part p's chunk into p's workspace place (me, chunk),
+                       then set p's ready[me, chunk] to 1 (release, system scope, after a CTA barrier: every
+                       thread's stores precede the signal)
     own part:          straight into my output slot me
-    for each peer r:   wait for my flag [r, chunk] to be 1 (acquire), copy workspace slot r's chunk into my output
-                       slot r, then reset the flag to 0
+    for each peer r:   wait for my ready[r, chunk] to be 1 (acquire), copy place (r, chunk) into my output slot r,
+                       reset ready, then clear r's busy[me, chunk] (release)
+
+Every wait polls this rank's own memory; across NVLink go only stores (the data and the two flags).
 
 Compared with two workspace barriers around copy kernels (symm_exchange's copy path: five launches for R = 2), a
 chunk waits only for the same chunk on its peers, and the exchange is one launch. Deadlock-free while every
@@ -28,7 +31,8 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-MAX_CHUNKS = 2048  # flags per (source rank, exchange kind) in every rank's workspace
+MAX_CHUNKS = 2048  # ready and busy flags per (peer rank, exchange kind) in every rank's workspace
+FLAG_SETS = 2  # ready, busy
 MAX_BLOCK_C = 512
 MAX_BLOCK_ROWS = 64  # taller chunks would not fit the registers (prepare_symmetric_exchange refuses such sizes)
 
@@ -38,6 +42,7 @@ def peer_exchange_kernel(
     src_ptr, src_part_stride, src_row_stride,  # my part p: src + p * src_part_stride, rows of src_row_stride
     out_ptr, out_slot_stride, out_row_stride,  # my output's slot r: out + r * out_slot_stride
     ws_table, flag_table,  # int64 [R]: every rank's workspace region ([R, places, place_elems]) and flags
+    # (int32 [2 R, MAX_CHUNKS]: ready[source, chunk], then busy[owner, chunk])
     places, place_elems, rank, rows, cols, n_col_blocks, n_chunks,
     WORLD: tl.constexpr, MAX_CHUNKS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
@@ -55,26 +60,31 @@ def peer_exchange_kernel(
         out_rc = row[:, None].to(tl.int64) * out_row_stride + col[None, :]
         for step in tl.static_range(1, WORLD):
             peer = (rank + step) % WORLD
-            flag = tl.load(flag_table + peer).to(tl.pointer_type(tl.int32)) + rank * MAX_CHUNKS + chunk
-            while tl.atomic_cas(flag, 0, 0, sem="acquire", scope="sys") != 0:
-                pass
             part = tl.load(src_ptr + peer.to(tl.int64) * src_part_stride + src_rc, mask=mask)
+            # busy[peer, chunk] lives here: the owner clears it (release) once it has copied the last one out
+            busy = my_flags + (WORLD + peer) * MAX_CHUNKS + chunk
+            while tl.atomic_cas(busy, 0, 0, sem="acquire", scope="sys") != 0:
+                pass
+            tl.atomic_xchg(busy, 1, sem="relaxed", scope="gpu")
             peer_ws = tl.load(ws_table + peer).to(tl.pointer_type(dtype))
             tl.store(peer_ws + (rank * places + chunk).to(tl.int64) * place_elems + in_chunk, part, mask=mask)
             tl.debug_barrier()
-            tl.atomic_xchg(flag, 1, sem="release", scope="sys")
+            ready = tl.load(flag_table + peer).to(tl.pointer_type(tl.int32)) + rank * MAX_CHUNKS + chunk
+            tl.atomic_xchg(ready, 1, sem="release", scope="sys")
         own = tl.load(src_ptr + rank.to(tl.int64) * src_part_stride + src_rc, mask=mask)
         tl.store(out_ptr + rank.to(tl.int64) * out_slot_stride + out_rc, own, mask=mask)
         for step in tl.static_range(1, WORLD):
             source = (rank + WORLD - step) % WORLD
-            flag = my_flags + source * MAX_CHUNKS + chunk
-            while tl.atomic_cas(flag, 1, 1, sem="acquire", scope="sys") != 1:
+            ready = my_flags + source * MAX_CHUNKS + chunk
+            while tl.atomic_cas(ready, 1, 1, sem="acquire", scope="sys") != 1:
                 pass
             tl.debug_barrier()
             part = tl.load(my_ws + (source * places + chunk).to(tl.int64) * place_elems + in_chunk, mask=mask)
             tl.store(out_ptr + source.to(tl.int64) * out_slot_stride + out_rc, part, mask=mask)
             tl.debug_barrier()
-            tl.atomic_xchg(flag, 0, sem="release", scope="sys")
+            tl.atomic_xchg(ready, 0, sem="relaxed", scope="gpu")
+            busy = tl.load(flag_table + source).to(tl.pointer_type(tl.int32)) + (WORLD + rank) * MAX_CHUNKS + chunk
+            tl.atomic_xchg(busy, 0, sem="release", scope="sys")
 
 
 @dataclass(frozen=True)
