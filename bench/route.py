@@ -6,9 +6,7 @@ Each variant runs in a CUDA graph over rotating logit sets (decode: the launches
 serving); M = 4096 too, for the prefill share. Floor: logits, bias, ids and weights moved once over the
 measured copy bandwidth; at decode one kernel's replay time (`one_kernel_us`, a 1-element fill in the
 same kind of graph) is the practical floor. Also checked: the fused ids equal the compiled chain's
-bitwise, and the weights' relative L2 difference (the FP32 sum runs in another order). `bitonic_us` /
-`select_us`: the op alone with each of its two top-k kernels forced (LMF_ROUTE_TOPK; outputs bitwise equal,
-`select_bitwise`), which sets the row count from which the select kernel is the default.
+bitwise, and the weights' relative L2 difference (the FP32 sum runs in another order).
 
     PYTHONPATH=. python3 bench/route.py --out bench/results
 """
@@ -24,14 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import latent_moe_fusion as lmf  # noqa: E402
-from bench.common import (  # noqa: E402
-    env_applied,
-    environment,
-    measure_ceilings,
-    rel_l2,
-    time_graph_ms,
-    write_results,
-)
+from bench.common import environment, measure_ceilings, rel_l2, time_graph_ms, write_results  # noqa: E402
 from latent_moe_fusion.model.router import localize_ids, route_from_logits  # noqa: E402
 
 EXPERTS, TOP_K, LOCAL = 896, 16, 112
@@ -46,7 +37,7 @@ def router_chain(logits: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    ap.add_argument("--m", type=int, nargs="*", default=[1, 8, 32, 128, 256, 512, 1024, 4096])
+    ap.add_argument("--m", type=int, nargs="*", default=[1, 8, 32, 128, 1024, 4096])
     args = ap.parse_args()
     torch._dynamo.config.recompile_limit = 64
     torch._inductor.config.fx_graph_cache = False
@@ -74,14 +65,6 @@ def main() -> None:
                "weights_rel_l2_vs_compiled": rel_l2(results["compiled+fused"][1], results["compiled"][1])}
         for name, fn in variants.items():
             row[f"{name}_us"] = time_graph_ms(lambda i, fn=fn: fn(logits[i], bias), sets) * 1e3
-        outs = {}
-        for method in ("bitonic", "select"):
-            with env_applied({"LMF_ROUTE_TOPK": method}):  # read at capture: the graph keeps its kernel
-                outs[method] = torch.ops.lmf.noaux_tc_route(logits[0], bias, TOP_K, 1e-20, 1.0, 0, LOCAL)
-                row[f"{method}_us"] = time_graph_ms(
-                    lambda i: torch.ops.lmf.noaux_tc_route(logits[i], bias, TOP_K, 1e-20, 1.0, 0, LOCAL), sets) * 1e3
-        row["select_bitwise"] = bool(torch.equal(outs["select"][0], outs["bitonic"][0])
-                                     and torch.equal(outs["select"][1], outs["bitonic"][1]))
         row["fused_vs_compiled"] = row["compiled_us"] / row["compiled+fused_us"]
         row["fused_x_floor"] = row["compiled+fused_us"] / floor_us
         rows.append(row)
@@ -92,7 +75,7 @@ def main() -> None:
         "timing": "CUDA graph replay over rotating logit sets, median",
     }
     cols = ["M", "eager_us", "compiled_us", "compiled+fused_us", "fused_vs_compiled", "floor_us", "fused_x_floor",
-            "bitonic_us", "select_us", "select_bitwise", "one_kernel_us", "ids_equal_compiled", "rows_equal_eager", "weights_rel_l2_vs_compiled", "fused_routers"]
+            "one_kernel_us", "ids_equal_compiled", "rows_equal_eager", "weights_rel_l2_vs_compiled", "fused_routers"]
     write_results("route", rows, cols, meta, args.out)
 
 

@@ -28,27 +28,3 @@ def test_route_kernel_compiles_for_sm90(m, k):
     done = run_compiled(["-c", SCRIPT.format(m=m, k=k)], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ptx-bytes" in done.stdout and int(done.stdout.split()[1]) > 1000, done.stdout
-
-
-SELECT_SCRIPT = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from latent_moe_fusion.ops.triton_kernels.route_topk import noaux_tc_route_select_kernel, route_launch_shape
-block_e, rows, warps = route_launch_shape({m}, 896)
-sig = {{"logits_ptr": "*fp32", "bias_ptr": "*fp32", "ids_ptr": "*i32", "weights_ptr": "*fp32", "m_rows": "i32",
-        "num_experts": "i32", "logits_row_stride": "i32", "first_expert": "i32", "num_local": "i32",
-        "renorm_eps": "fp32", "scaling_factor": "fp32"}}
-consts = dict(TOP_K={k}, BLOCK_E=block_e, ROWS=rows)
-sig |= {{n: "constexpr" for n in consts}}
-kernel = triton.compile(ASTSource(fn=noaux_tc_route_select_kernel, signature=sig, constexprs=consts),
-                        target=GPUTarget("cuda", 90, 32), options={{"num_warps": warps}})
-print("ptx-bytes", len(kernel.asm["ptx"]), "rows", rows, "warps", warps)
-"""
-
-
-@pytest.mark.parametrize("m, k", [(4096, 16), (8, 1)])  # the prefill shape (one warp); top-1 at decode (8 warps)
-def test_select_kernel_compiles_for_sm90(m, k):
-    done = run_compiled(["-c", SELECT_SCRIPT.format(m=m, k=k)], timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "ptx-bytes" in done.stdout and int(done.stdout.split()[1]) > 1000, done.stdout

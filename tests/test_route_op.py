@@ -65,71 +65,32 @@ def test_nan_is_largest_and_negative_zero_below_positive_zero():
     assert topk_ids_cuda_order(values, 3).tolist() == [[0, 2, 1]]  # +0 twice (above), then the first -0
 
 
-@pytest.mark.parametrize("method", ["bitonic", "select"])
 @pytest.mark.parametrize("m, e, k, first, num_local", [
     (1, 896, 16, 0, 896),  # Kimi K3 decode
     (5, 896, 16, 112, 112),  # one EP8 rank's share
     (3, 40, 7, 0, 40),  # E not a power of two, odd k
     (9, 64, 8, 3, 20),
 ])
-def test_triton_kernel_matches_reference(rng_seed, m, e, k, first, num_local, method):
+def test_triton_kernel_matches_reference(rng_seed, m, e, k, first, num_local):
     assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
     gen = torch.Generator().manual_seed(rng_seed)
     logits, bias = _inputs(m, e, gen)
-    ids, weights = noaux_tc_route_triton(logits, bias, k, 1e-20, 1.5, first, num_local, method=method)
+    ids, weights = noaux_tc_route_triton(logits, bias, k, 1e-20, 1.5, first, num_local)
     want_ids, want_weights = route_reference(logits, bias, k, 1e-20, 1.5, first, num_local)
     assert torch.equal(ids, want_ids)
     rel = (weights - want_weights).norm() / want_weights.norm()
     assert rel <= 1e-6, rel
 
 
-@pytest.mark.parametrize("method", ["bitonic", "select"])
-def test_triton_kernel_ties_and_rows_over_one_program(rng_seed, method):
+def test_triton_kernel_ties_and_rows_over_one_program(rng_seed):
     gen = torch.Generator().manual_seed(rng_seed)
     logits = torch.where(torch.rand(37, 48, generator=gen) < 0.5, 40.0, torch.randn(37, 48, generator=gen))
     bias = (torch.randint(0, 3, (48,), generator=gen) * 0.25).float()  # few distinct values: many exact ties
     assert route_launch_shape(37, 48)[0] == 64
-    ids, weights = noaux_tc_route_triton(logits, bias, 6, 0.0, 1.0, 0, 48, launch=(4, 2),  # ragged last program
-                                         method=method)
+    ids, weights = noaux_tc_route_triton(logits, bias, 6, 0.0, 1.0, 0, 48, launch=(4, 2))  # ragged last program
     want_ids, want_weights = route_reference(logits, bias, 6, 0.0, 1.0, 0, 48)
     assert torch.equal(ids, want_ids)
     torch.testing.assert_close(weights, want_weights, rtol=1e-6, atol=0)
-
-
-def test_select_kernel_is_bitwise_the_bitonic_one(rng_seed):
-    """Ids and weights bit for bit, on scores with ties, NaN, +-0 and +-inf and rows of every kind."""
-    gen = torch.Generator().manual_seed(rng_seed)
-    logits = torch.randn(12, 96, generator=gen) * 4
-    logits[0] = 40.0  # every score 1.0: the bias alone decides, with ties
-    logits[1, ::7] = float("nan")
-    logits[2, :40] = float("-inf")  # sigmoid 0: ties at +0
-    logits[3, 10:20] = float("inf")
-    bias = (torch.randint(-2, 3, (96,), generator=gen) * 0.125).float()
-    bias[5] = -0.0
-    for k, first, num_local in ((16, 0, 96), (5, 24, 24), (2, 0, 96), (96, 0, 96)):
-        want = noaux_tc_route_triton(logits, bias, k, 1e-20, 2.5, first, num_local, method="bitonic")
-        got = noaux_tc_route_triton(logits, bias, k, 1e-20, 2.5, first, num_local, method="select")
-        assert torch.equal(got[0], want[0]), k
-        assert torch.equal(got[1].view(torch.int32), want[1].view(torch.int32)), k
-
-
-def test_top_1_takes_the_select_kernel(rng_seed):
-    gen = torch.Generator().manual_seed(rng_seed)
-    logits, bias = _inputs(5, 40, gen)
-    ids, weights = noaux_tc_route_triton(logits, bias, 1, 1e-20, 1.0, 0, 40)  # bitonic would be chosen and fail
-    want_ids, want_weights = route_reference(logits, bias, 1, 1e-20, 1.0, 0, 40)
-    assert torch.equal(ids, want_ids) and torch.allclose(weights, want_weights, rtol=1e-6, atol=0)
-
-
-def test_route_method_env(monkeypatch):
-    from latent_moe_fusion.ops.triton_kernels.route_topk import SELECT_MIN_ROWS, TOPK_ENV, route_method
-
-    assert route_method(SELECT_MIN_ROWS - 1) == "bitonic" and route_method(SELECT_MIN_ROWS) == "select"
-    monkeypatch.setenv(TOPK_ENV, "select")
-    assert route_method(1) == "select"
-    monkeypatch.setenv(TOPK_ENV, "radix")
-    with pytest.raises(ValueError, match=TOPK_ENV):
-        route_method(1)
 
 
 def test_empty_batch():

@@ -9,12 +9,6 @@ k-th value in column order, then the tied ones (pairwise ranks over the top_k). 
 summed in slot order in registers and written once, renormalised. H200, M = 1, CUDA graph: 7.0 us with
 a store / barrier / reload for the slot-order sum, 5.7 us in registers; the same kernel without the
 top-k (wrong ids) 3.3-4.3 us, a bare load + store 4.4 us.
-
-The bitonic network costs O(E log^2 E) compare-exchanges of 64-bit keys per row, which bounds it at prefill
-(59.6 us at M = 4096, 16.5x its byte floor: bench/results/route.md). Many rows take the select kernel instead:
-the k-th largest key by a binary search over its 32 bits (32 counts of the keys at or above a candidate), then
-the chosen columns and their slots by prefix sums in column order: the same ids and the same weights, bit for
-bit (the same keys, tie order, slot order and sum order). `LMF_ROUTE_TOPK=bitonic|select` forces one.
 """
 
 from __future__ import annotations
@@ -24,64 +18,11 @@ import triton
 import triton.language as tl
 
 from ..backends import Backend, Reason, register_backend
-from ..env import env_choice
 from .routed import triton_available
 
 MAX_EXPERTS = 4096  # one row of keys in registers
 MAX_TOP_K = 64  # the strike-out loop and the slot sums are unrolled
 INT64_MIN = tl.constexpr(-(2**63))
-TOPK_ENV = "LMF_ROUTE_TOPK"
-TOPK_METHODS = ("bitonic", "select")
-SELECT_MIN_ROWS = 257  # from here on the select kernel (bench/route.py --methods)
-
-
-@triton.jit
-def _ordered_keys(biased):
-    """int32 keys whose signed order is the values' (NaN the largest, as in torch.topk)."""
-    bits = biased.to(tl.int32, bitcast=True)
-    okey = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    return tl.where(biased != biased, 0x7FFFFFFF, okey)
-
-
-@triton.jit
-def noaux_tc_route_select_kernel(
-    logits_ptr, bias_ptr, ids_ptr, weights_ptr, m_rows, num_experts, logits_row_stride,
-    first_expert, num_local, renorm_eps, scaling_factor,
-    TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, ROWS: tl.constexpr,
-):
-    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
-    cols = tl.arange(0, BLOCK_E)
-    row_ok = rows < m_rows
-    valid = row_ok[:, None] & (cols < num_experts)[None, :]
-    logit = tl.load(logits_ptr + rows[:, None] * logits_row_stride + cols[None, :], mask=valid, other=0.0)
-    score = tl.sigmoid(logit)
-    biased = score + tl.load(bias_ptr + cols, mask=cols < num_experts, other=0.0)[None, :]
-    # unsigned key in [0, 2^32) (order of the values); -1 for no column, below every candidate
-    key = tl.where(valid, _ordered_keys(biased).to(tl.int64) + 2**31, -1)
-    kth = tl.zeros([ROWS], dtype=tl.int64)  # the largest t with at least TOP_K keys >= t, bit by bit from the top
-    for step in range(32):
-        candidate = kth | (tl.full([ROWS], 1, tl.int64) << (31 - step))
-        count = tl.sum((key >= candidate[:, None]).to(tl.int32), axis=1)
-        kth = tl.where(count >= TOP_K, candidate, kth)
-    above = key > kth[:, None]
-    tied = key == kth[:, None]
-    n_above = tl.sum(above.to(tl.int32), axis=1)
-    tied_rank = tl.cumsum(tied.to(tl.int32), axis=1) - tied.to(tl.int32)
-    # torch.topk's gather order: those above the k-th value by column, then the tied ones by column (the
-    # lower columns first: they are the larger keys of the bitonic kernel, which takes them in that order)
-    chosen = (above | (tied & (tied_rank < (TOP_K - n_above)[:, None]))) & row_ok[:, None]
-    slot = tl.where(above, tl.cumsum(above.to(tl.int32), axis=1) - above.to(tl.int32),
-                    n_above[:, None] + tied_rank)
-    local = cols[None, :] - first_expert
-    local = tl.where((local >= 0) & (local < num_local), local, -1)
-    out = rows[:, None] * TOP_K + slot
-    tl.store(ids_ptr + out, local.to(tl.int32) + tl.zeros_like(slot), mask=chosen)
-    # the chosen scores summed in slot order, as the bitonic kernel does (one score per slot: exact steps)
-    total = tl.zeros([ROWS], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        total += tl.sum(tl.where(chosen & (slot == j), score, 0.0), axis=1)
-    weights = tl.math.div_rn(score, (total + renorm_eps)[:, None]) * scaling_factor
-    tl.store(weights_ptr + out, weights, mask=chosen)
 
 
 @triton.jit
@@ -98,7 +39,9 @@ def noaux_tc_route_kernel(
     score = tl.sigmoid(logit)
     biased = score + tl.load(bias_ptr + cols, mask=cols < num_experts, other=0.0)[None, :]
 
-    okey = _ordered_keys(biased)  # signed order of okey == order of the values, NaN the largest
+    bits = biased.to(tl.int32, bitcast=True)
+    okey = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed order of okey == order of the values
+    okey = tl.where(biased != biased, 0x7FFFFFFF, okey)  # NaN is the largest, as in torch.topk
     key = (okey.to(tl.int64) << 32) | (BLOCK_E - 1 - cols).to(tl.int64)[None, :]
     key = tl.where(valid, key, INT64_MIN)
     top = tl.topk(key, TOP_K_POW2, dim=1)  # [ROWS, TOP_K_POW2] keys, descending (bitonic top-k)
@@ -142,21 +85,11 @@ def route_launch_shape(m: int, num_experts: int) -> tuple[int, int, int]:
     return block_e, 1, 8 if m <= 256 else 1
 
 
-def route_method(m: int, top_k: int = 2) -> str:
-    """Which top-k kernel serves m rows (TOPK_ENV, else by row count; top-1 always the select kernel: Triton's
-    bitonic top-k takes at least 2)."""
-    if top_k < 2:
-        return "select"
-    return env_choice(TOPK_ENV, TOPK_METHODS, "the router's top-k kernel") or (
-        "select" if m >= SELECT_MIN_ROWS else "bitonic")
-
-
 def noaux_tc_route_triton(
     logits: torch.Tensor, correction_bias: torch.Tensor, top_k: int, renorm_eps: float, scaling_factor: float,
-    first_expert: int, num_local: int, launch: tuple[int, int] | None = None, method: str | None = None,
+    first_expert: int, num_local: int, launch: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`launch` = (rows per program, num_warps) overrides route_launch_shape's choice, `method` route_method's
-    (tests)."""
+    """`launch` = (rows per program, num_warps) overrides route_launch_shape's choice (tests)."""
     m, num_experts = logits.shape
     ids = torch.empty(m, top_k, dtype=torch.int32, device=logits.device)
     weights = torch.empty(m, top_k, dtype=torch.float32, device=logits.device)
@@ -164,13 +97,6 @@ def noaux_tc_route_triton(
         return ids, weights
     block_e, rows, num_warps = route_launch_shape(m, num_experts)
     rows, num_warps = launch or (rows, num_warps)
-    if (method or route_method(m, top_k)) == "select" or top_k < 2:
-        noaux_tc_route_select_kernel[(triton.cdiv(m, rows),)](
-            logits, correction_bias, ids, weights, m, num_experts, logits.stride(0),
-            first_expert, num_local, float(renorm_eps), float(scaling_factor),
-            TOP_K=top_k, BLOCK_E=block_e, ROWS=rows, num_warps=num_warps,
-        )
-        return ids, weights
     noaux_tc_route_kernel[(triton.cdiv(m, rows),)](
         logits, correction_bias, ids, weights, m, num_experts, logits.stride(0),
         first_expert, num_local, float(renorm_eps), float(scaling_factor),
