@@ -32,6 +32,11 @@ def brute_force(logits, bias, top_k, eps, scale, first, num_local):
     return torch.tensor(ids, dtype=torch.int32), torch.tensor(weights, dtype=torch.float64)
 
 
+def _on_kernel_device(*tensors):
+    """The Triton kernel's tensors: on the GPU where there is one, else on the CPU for the interpreter."""
+    return tuple(t.cuda() for t in tensors) if torch.cuda.is_available() else tensors
+
+
 def _inputs(m, e, gen, spread=3.0):
     return torch.randn(m, e, generator=gen) * spread, torch.randn(e, generator=gen) * 0.1
 
@@ -75,8 +80,9 @@ def test_triton_kernel_matches_reference(rng_seed, m, e, k, first, num_local):
     assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
     gen = torch.Generator().manual_seed(rng_seed)
     logits, bias = _inputs(m, e, gen)
-    ids, weights = noaux_tc_route_triton(logits, bias, k, 1e-20, 1.5, first, num_local)
+    ids, weights = noaux_tc_route_triton(*_on_kernel_device(logits, bias), k, 1e-20, 1.5, first, num_local)
     want_ids, want_weights = route_reference(logits, bias, k, 1e-20, 1.5, first, num_local)
+    ids, weights = ids.cpu(), weights.cpu()
     assert torch.equal(ids, want_ids)
     rel = (weights - want_weights).norm() / want_weights.norm()
     assert rel <= 1e-6, rel
@@ -87,10 +93,21 @@ def test_triton_kernel_ties_and_rows_over_one_program(rng_seed):
     logits = torch.where(torch.rand(37, 48, generator=gen) < 0.5, 40.0, torch.randn(37, 48, generator=gen))
     bias = (torch.randint(0, 3, (48,), generator=gen) * 0.25).float()  # few distinct values: many exact ties
     assert route_launch_shape(37, 48)[0] == 64
-    ids, weights = noaux_tc_route_triton(logits, bias, 6, 0.0, 1.0, 0, 48, launch=(4, 2))  # ragged last program
+    ids, weights = noaux_tc_route_triton(*_on_kernel_device(logits, bias), 6, 0.0, 1.0, 0, 48,
+                                         launch=(4, 2))  # ragged last program
     want_ids, want_weights = route_reference(logits, bias, 6, 0.0, 1.0, 0, 48)
+    ids, weights = ids.cpu(), weights.cpu()
     assert torch.equal(ids, want_ids)
     torch.testing.assert_close(weights, want_weights, rtol=1e-6, atol=0)
+
+
+def test_triton_kernel_top_1(rng_seed):
+    gen = torch.Generator().manual_seed(rng_seed)
+    logits, bias = _inputs(5, 40, gen)
+    ids, weights = noaux_tc_route_triton(*_on_kernel_device(logits, bias), 1, 1e-20, 1.0, 0, 40)
+    want_ids, want_weights = route_reference(logits, bias, 1, 1e-20, 1.0, 0, 40)
+    assert torch.equal(ids.cpu(), want_ids)
+    torch.testing.assert_close(weights.cpu(), want_weights, rtol=1e-6, atol=0)
 
 
 def test_empty_batch():

@@ -97,10 +97,11 @@ def noaux_tc_route_triton(
         return ids, weights
     block_e, rows, num_warps = route_launch_shape(m, num_experts)
     rows, num_warps = launch or (rows, num_warps)
+    # TOP_K_POW2 at least 2: tl.topk takes k >= 2 (a top-1 router keeps the first of two)
     noaux_tc_route_kernel[(triton.cdiv(m, rows),)](
         logits, correction_bias, ids, weights, m, num_experts, logits.stride(0),
         first_expert, num_local, float(renorm_eps), float(scaling_factor),
-        TOP_K=top_k, TOP_K_POW2=triton.next_power_of_2(top_k), BLOCK_E=block_e, ROWS=rows, num_warps=num_warps,
+        TOP_K=top_k, TOP_K_POW2=max(2, triton.next_power_of_2(top_k)), BLOCK_E=block_e, ROWS=rows, num_warps=num_warps,
     )
     return ids, weights
 
