@@ -50,6 +50,9 @@ FRAGMENT_WINDOW: tuple[int, int | None] = (1, None)
 GATHER_WINDOW: tuple[int, int | None] = (1, None)
 # Signal channels of the workspace's signal pad (copy method): fragments and output gather each use their own pair.
 _CHANNELS = {"fragments": (0, 1), "gather": (2, 3)}
+# The fragments go out beside the routed experts, whose kernels fill the SMs: a few exchange programs leave them
+# their slots (each program spins only for its own chunks); the TP output gather gets every SM.
+FRAGMENT_PROGRAMS = 32
 _KINDS = ("fragments", "gather")
 _ALIGN = 256
 METHODS = ("kernel", "copies")
@@ -97,7 +100,8 @@ class SymmetricExchange:
     fragment_bytes: int  # each region also holds the kernel's places for every (source rank, chunk)
     output_bytes: int
     method: str = "kernel"
-    max_programs: int = 132
+    max_programs: int = 132  # the gather's grid bound (it is on the critical path: every SM)
+    fragment_programs: int = FRAGMENT_PROGRAMS
     fragment_window: tuple[int, int | None] = FRAGMENT_WINDOW
     gather_window: tuple[int, int | None] = GATHER_WINDOW
     publishes: int = 0  # calls that took this path (host counts: what a test or benchmark asserts ran)
@@ -178,7 +182,8 @@ class SymmetricExchange:
             regions, flags = self._table(kind)
             launch_peer_exchange(parts.src, parts.part_stride, parts.src_row_stride, parts.out, parts.slot_stride,
                                  parts.out_row_stride, regions, flags, self._places(kind, parts.out.dtype), self.rank,
-                                 self.world, parts.rows, parts.cols, self.max_programs)
+                                 self.world, parts.rows, parts.cols,
+                                 self.fragment_programs if kind == "fragments" else self.max_programs)
             return
         shape, offset = (self.world, parts.rows, parts.cols), self._region_offset(kind)
         first, second = _CHANNELS[kind]
