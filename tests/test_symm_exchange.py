@@ -17,7 +17,9 @@ import torch
 from latent_moe_fusion.ops import layouts
 from latent_moe_fusion.ops.symm_exchange import (
     ENV,
+    METHOD_ENV,
     SymmetricExchange,
+    _method,
     _setting,
     flag_bytes,
     prepare_symmetric_exchange,
@@ -139,6 +141,11 @@ def test_a_bad_setting_names_the_variable(monkeypatch):
         _setting()
     monkeypatch.setenv(ENV, " ON ")
     assert _setting() == "on"
+    monkeypatch.setenv(METHOD_ENV, "nvshmem")
+    with pytest.raises(ValueError, match=METHOD_ENV):
+        _method()
+    monkeypatch.setenv(METHOD_ENV, "Copies")
+    assert _method() == "copies"
 
 
 def test_prepare_needs_torch_distributed():

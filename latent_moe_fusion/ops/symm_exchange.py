@@ -56,6 +56,8 @@ FRAGMENT_PROGRAMS = 32
 _KINDS = ("fragments", "gather")
 _ALIGN = 256
 METHODS = ("kernel", "copies")
+METHOD_ENV = "LMF_SYMM_EXCHANGE_METHOD"  # read by prepare_symmetric_exchange; must be the same on every rank
+DEFAULT_METHOD = "kernel"
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ class SymmetricExchange:
     handle: object
     fragment_bytes: int  # each region also holds the kernel's places for every (source rank, chunk)
     output_bytes: int
-    method: str = "kernel"
+    method: str = DEFAULT_METHOD
     max_programs: int = 132  # the gather's grid bound (it is on the critical path: every SM)
     fragment_programs: int = FRAGMENT_PROGRAMS
     fragment_window: tuple[int, int | None] = FRAGMENT_WINDOW
@@ -272,6 +274,13 @@ def _setting() -> str:
     return value
 
 
+def _method() -> str:
+    value = os.environ.get(METHOD_ENV, DEFAULT_METHOD).strip().lower() or DEFAULT_METHOD
+    if value not in METHODS:
+        raise ValueError(f"{METHOD_ENV}={value!r}: expected one of {METHODS}")
+    return value
+
+
 def _agree_min(value: int, group: dist.ProcessGroup, device: torch.device) -> int:
     flag = torch.tensor([value], dtype=torch.int64, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
@@ -320,6 +329,10 @@ def prepare_symmetric_exchange(group: dist.ProcessGroup | str | None = None, max
     agreed = _agree_min(-1 if reason is not None else _CODES[_setting()], group, agree_on)
     if world == 1 or agreed <= 0:
         return None
+    method = METHODS.index(_method())
+    if _agree_min(method, group, agree_on) != -_agree_min(-method, group, agree_on):
+        raise ValueError(f"{METHOD_ENV} differs across the ranks of the group: the two methods do not interoperate, "
+                         "set the same one everywhere")
     import torch.distributed._symmetric_memory as symm_mem
 
     itemsize = _itemsize(dtype)
@@ -342,7 +355,8 @@ def prepare_symmetric_exchange(group: dist.ProcessGroup | str | None = None, max
     handle = symm_mem.rendezvous(buffer, group.group_name)
     exchange = SymmetricExchange(group.group_name, world, rank, device, max_tokens, hidden,
                                  "on" if agreed == _CODES["on"] else "auto", buffer, handle, fragment_bytes,
-                                 output_bytes, max_programs=torch.cuda.get_device_properties(device).multi_processor_count)
+                                 output_bytes, method=METHODS[method],
+                                 max_programs=torch.cuda.get_device_properties(device).multi_processor_count)
     _EXCHANGES[group.group_name] = exchange
     return exchange
 
