@@ -18,6 +18,7 @@ from latent_moe_fusion.ops import layouts
 from latent_moe_fusion.ops.symm_exchange import (
     ENV,
     METHOD_ENV,
+    WINDOWS,
     SymmetricExchange,
     _method,
     _setting,
@@ -133,6 +134,12 @@ def test_the_choice_follows_setting_window_and_capacity():
     assert not on.serves_fragments(8, HIDDEN, dtype, torch.device("meta")), "another device than the workspace's"
     on.setting = "off"
     assert not on.serves_fragments(8, HIDDEN, dtype, cpu) and not on.serves_gather(8, HIDDEN // 2, dtype, cpu)
+    auto.fragment_window = auto.gather_window = None  # the method's measured windows
+    for method, (fragments, gather) in WINDOWS.items():
+        auto.method = method
+        assert auto.serves_fragments(fragments[0], HIDDEN, dtype, cpu) and auto.serves_gather(gather[0], 8, dtype, cpu)
+        if fragments[0] > 1:
+            assert not auto.serves_fragments(fragments[0] - 1, HIDDEN, dtype, cpu)
 
 
 def test_a_bad_setting_names_the_variable(monkeypatch):

@@ -6,7 +6,7 @@ paths move the same bytes to the same places, so the ops' outputs are bitwise th
 
 allocates one symmetric workspace per group (`torch.distributed._symmetric_memory`: every rank maps every peer's
 buffer; unicast stores only, NVLink multicast is never used) and rendezvouses it. From then on, where the token
-count lies in the measured window (`SymmetricExchange.fragment_window`, `.gather_window`), the producers publish
+count lies in the measured window (`WINDOWS`, per method and kind), the producers publish
 their shared fragments by peer writes into the owners' workspaces and the hidden_scatter tail gathers its output
 column slices the same way. One exchange on rank q, on the stream that made the data, by default in one Triton
 launch (`method = "kernel"`, triton_kernels/peer_exchange.py: the signals are per chunk, in the workspace's flags):
@@ -46,8 +46,12 @@ CHOICES = ("auto", "on", "off")
 _CODES = {"off": 0, "auto": 1, "on": 2}  # agreed across ranks by MIN: one rank's "off" turns it off everywhere
 # Token windows (the op's output tokens M: TP every rank's M, SP the local tokens) where the symmetric path is
 # taken by default, measured on two H200 (bench/tp.py -> bench/results/tp.md). None: no bound.
-FRAGMENT_WINDOW: tuple[int, int | None] = (1, None)
-GATHER_WINDOW: tuple[int, int | None] = (1, None)
+# Per method: (fragments, gather). The copies' windows from bench/results/tp_copies_ac48dd1.md: below 8 tokens
+# NCCL's all-to-all and all-gather took ~13 us where the copies between barriers took ~30.
+WINDOWS: dict[str, tuple[tuple[int, int | None], tuple[int, int | None]]] = {
+    "kernel": ((1, None), (1, None)),
+    "copies": ((8, None), (8, None)),
+}
 # Signal channels of the workspace's signal pad (copy method): fragments and output gather each use their own pair.
 _CHANNELS = {"fragments": (0, 1), "gather": (2, 3)}
 # The fragments go out beside the routed experts, whose kernels fill the SMs: a few exchange programs leave them
@@ -104,8 +108,8 @@ class SymmetricExchange:
     method: str = DEFAULT_METHOD
     max_programs: int = 132  # the gather's grid bound (it is on the critical path: every SM)
     fragment_programs: int = FRAGMENT_PROGRAMS
-    fragment_window: tuple[int, int | None] = FRAGMENT_WINDOW
-    gather_window: tuple[int, int | None] = GATHER_WINDOW
+    fragment_window: tuple[int, int | None] | None = None  # None: the method's WINDOWS entry
+    gather_window: tuple[int, int | None] | None = None
     publishes: int = 0  # calls that took this path (host counts: what a test or benchmark asserts ran)
     gathers: int = 0
     places: dict = field(default_factory=dict)  # kind -> (chunk places per source rank, bytes per place)
@@ -117,12 +121,12 @@ class SymmetricExchange:
             self.places = kernel_places(self.world, self.max_tokens, self.hidden, self.fragment_bytes,
                                         self.output_bytes)
 
-    def _wanted(self, tokens: int, window: tuple[int, int | None]) -> bool:
+    def _wanted(self, tokens: int, window: tuple[int, int | None] | None, kind: str) -> bool:
         if self.setting == "off" or tokens > self.max_tokens:
             return False
         if self.setting == "on":
             return True
-        low, high = window
+        low, high = window or WINDOWS[self.method][_KINDS.index(kind)]
         return tokens >= low and (high is None or tokens <= high)
 
     def _region(self, kind: str) -> int:
@@ -147,11 +151,11 @@ class SymmetricExchange:
         if device != self.device or hidden > self.hidden or hidden % self.world:
             return False
         # checked for the SP form's parts [tokens, H], the larger (TP's are [tokens, H/R])
-        return self._fits("fragments", tokens, hidden, dtype) and self._wanted(tokens, self.fragment_window)
+        return self._fits("fragments", tokens, hidden, dtype) and self._wanted(tokens, self.fragment_window, "fragments")
 
     def serves_gather(self, tokens: int, width: int, dtype: torch.dtype, device: torch.device) -> bool:
         return (device == self.device and width * self.world <= self.hidden
-                and self._fits("gather", tokens, width, dtype) and self._wanted(tokens, self.gather_window))
+                and self._fits("gather", tokens, width, dtype) and self._wanted(tokens, self.gather_window, "gather"))
 
     def view(self, rank: int, shape: tuple[int, ...], dtype: torch.dtype, byte_offset: int = 0) -> torch.Tensor:
         """rank's workspace (this rank's mapping of it) as a contiguous tensor of `shape` at byte_offset."""
