@@ -9,9 +9,10 @@ form replicates the routed branch (the reference block has no EP combine), so it
 (KimiK3MoEBlock refuses different shares there); SP ranks route their own tokens and hold share `rank`.
 
 The fused block runs its fragment publication and TP output all-gather by symmetric-memory peer writes
-(`lmf.prepare_symmetric_exchange`, made once per process; `compiled+fused`: the default, the one-launch exchange
-kernel within its measured windows; `compiled+fused-copies`: torch copies between workspace barriers at every
-size) and by NCCL (`compiled+fused-nccl`: the same compile with the exchange switched off, as before session 25).
+(`lmf.prepare_symmetric_exchange`, made once per process; `compiled+fused`: the library's default method within
+its measured windows; `compiled+fused-kernel` / `-copies`: the one-launch exchange kernel / torch copies between
+workspace barriers at every size) and by NCCL (`compiled+fused-nccl`: the same compile with the exchange switched
+off, as before session 25).
 
 Decode (TP, M tokens on every rank): one CUDA graph per variant over rotating inputs, replayed in alternating
 rounds with a barrier before each replay; prefill (M = 4096 TP, 2 x 2048 SP): CUDA events around calls back to
@@ -46,6 +47,7 @@ from bench.common import (  # noqa: E402
     write_results,
 )
 from bench.kernel_breakdown import breakdown_markdown, kernel_times_us  # noqa: E402
+from latent_moe_fusion.ops.symm_exchange import DEFAULT_METHOD  # noqa: E402
 
 EP_SIZE, SHARED_PER_RANK, SETS, ROUNDS, REPLAYS = 8, 768, 4, 5, 6
 
@@ -66,7 +68,7 @@ def same_draws(shape: tuple[int, ...], seed: int, rank: int | None = None) -> to
     return (x if rank is None else x[rank]).to("cuda", torch.bfloat16)
 
 
-def with_exchange(exchange, setting: str, fn, method: str = "kernel"):
+def with_exchange(exchange, setting: str, fn, method: str = DEFAULT_METHOD):
     """fn with the symmetric exchange set to `setting` and `method` for its calls (read by the ops at each call and
     at capture)."""
     def run(*args):
@@ -84,6 +86,7 @@ def case(rank: int, world: int, form: str, m: int, ceilings: dict[str, float], e
     block = rank_block(rank, world, sp)
     fused, fpass = compiled(block, True)
     variants = {"compiled": compiled(block, False), "compiled+fused": (with_exchange(exchange, "auto", fused), fpass),
+                "compiled+fused-kernel": (with_exchange(exchange, "on", fused, "kernel"), None),
                 "compiled+fused-copies": (with_exchange(exchange, "on", fused, "copies"), None),
                 "compiled+fused-nccl": (with_exchange(exchange, "off", fused), None)}
     local_m = m // world if sp else m
@@ -96,7 +99,7 @@ def case(rank: int, world: int, form: str, m: int, ceilings: dict[str, float], e
         row[f"{name}_err"] = rel_l2(fn(sets[0]), ref)
         if fpass is not None:
             row[f"{name}_matched"] = f"{fpass.report.matched} block, forms {sorted(b.form for b in fpass.report.blocks)}"
-    row["symm_publishes"] = exchange.publishes - publishes  # 2: the auto and copies variants took the path
+    row["symm_publishes"] = exchange.publishes - publishes  # 3 where the default variant's window takes the path
     fns = {name: fn for name, (fn, _) in variants.items()}
     barrier = dist.barrier  # every rank's graphs and calls must meet in their collectives
 
@@ -144,15 +147,18 @@ def worker(rank: int, world: int, port: int, cases: list[tuple[str, int]], out: 
             dist.all_gather_object(every, mine)
             if rank == 0:
                 row = dict(every[0])
-                for key in ("compiled_us", "compiled+fused_us", "compiled+fused-copies_us", "compiled+fused-nccl_us"):
+                for key in ("compiled_us", "compiled+fused_us", "compiled+fused-kernel_us", "compiled+fused-copies_us",
+                            "compiled+fused-nccl_us"):
                     row[f"{key[:-3]}_per_rank_us"] = " / ".join(f"{r[key]:.1f}" for r in every)
                     row[key] = max(r[key] for r in every)
                 row["fused_vs_compiled"] = row["compiled_us"] / row["compiled+fused_us"]
+                row["fused_kernel_vs_compiled"] = row["compiled_us"] / row["compiled+fused-kernel_us"]
                 row["fused_copies_vs_compiled"] = row["compiled_us"] / row["compiled+fused-copies_us"]
                 row["fused_nccl_vs_compiled"] = row["compiled_us"] / row["compiled+fused-nccl_us"]
                 row["fused_x_rank_floor"] = row["compiled+fused_us"] / row["rank_floor_us"]
                 row["max_err"] = max(max(r[f"{name}_err"] for name in ("compiled", "compiled+fused",
-                                                                        "compiled+fused-copies", "compiled+fused-nccl"))
+                                                                        "compiled+fused-kernel", "compiled+fused-copies",
+                                                                        "compiled+fused-nccl"))
                                      for r in every)
                 rows.append(row)
                 print(row, flush=True)
@@ -171,7 +177,8 @@ def worker(rank: int, world: int, port: int, cases: list[tuple[str, int]], out: 
                 (Path(out) / "block_tp_kernels.md").write_text(
                     "# block_tp: CUDA kernel time per kernel at prefill (profiler, rank 0)\n\n" + breakdown_markdown(kernels))
             write_results("block_tp", rows, ["form", "M", "tokens_per_rank", "compiled_us", "compiled+fused_us",
-                                             "fused_vs_compiled", "compiled+fused-copies_us", "fused_copies_vs_compiled",
+                                             "fused_vs_compiled", "compiled+fused-kernel_us", "fused_kernel_vs_compiled",
+                                             "compiled+fused-copies_us", "fused_copies_vs_compiled",
                                              "compiled+fused-nccl_us", "fused_nccl_vs_compiled",
                                              "rank_floor_us", "fused_x_rank_floor", "compiled_per_rank_us",
                                              "compiled+fused_per_rank_us", "compiled+fused-nccl_per_rank_us",

@@ -8,8 +8,8 @@ allocates one symmetric workspace per group (`torch.distributed._symmetric_memor
 buffer; unicast stores only, NVLink multicast is never used) and rendezvouses it. From then on, where the token
 count lies in the measured window (`WINDOWS`, per method and kind), the producers publish
 their shared fragments by peer writes into the owners' workspaces and the hidden_scatter tail gathers its output
-column slices the same way. One exchange on rank q, on the stream that made the data, by default in one Triton
-launch (`method = "kernel"`, triton_kernels/peer_exchange.py: the signals are per chunk, in the workspace's flags):
+column slices the same way. One exchange on rank q, on the stream that made the data, in one Triton launch with
+`method = "kernel"` (triton_kernels/peer_exchange.py: the signals are per chunk, in the workspace's flags):
 
     peer writes   owner p's workspace receives q's part for p, chunk by chunk, each chunk once p has copied out
                   the last exchange's (its flag back at 0), then signalled (flag 1, release at system scope)
@@ -17,8 +17,9 @@ launch (`method = "kernel"`, triton_kernels/peer_exchange.py: the signals are pe
                   fresh output: the ops are functional (nothing they return aliases the workspace, which the
                   next exchange overwrites); the flag goes back to 0
 
-`method = "copies"` does the same with torch copies between two workspace barriers (handle.barrier: every rank's
-last copy-out done / every peer's writes landed): five launches for R = 2, kept as the measured alternative.
+`method = "copies"` (the default, DEFAULT_METHOD says why) does the same with torch copies between two workspace
+barriers (handle.barrier: every rank's last copy-out done / every peer's writes landed): five launches for R = 2.
+LMF_SYMM_EXCHANGE_METHOD chooses at prepare time.
 
 The producer runs its exchange on the shared expert's side stream, beside the routed experts, and the caller's
 stream joins it before the producer returns: the tail, next on that stream, is what waits for the signal.
@@ -61,7 +62,10 @@ _KINDS = ("fragments", "gather")
 _ALIGN = 256
 METHODS = ("kernel", "copies")
 METHOD_ENV = "LMF_SYMM_EXCHANGE_METHOD"  # read by prepare_symmetric_exchange; must be the same on every rank
-DEFAULT_METHOD = "kernel"
+# The copies are the default: they ran on two H200 (tests/test_symm_exchange_gpu.py, bench/results/
+# tp_copies_ac48dd1.md). The kernel has run on one GPU only, its ranks as concurrent streams
+# (tests/test_peer_exchange_gpu.py): no two-GPU machine was lent after it was written.
+DEFAULT_METHOD = "copies"
 
 
 @dataclass(frozen=True)
