@@ -25,9 +25,7 @@ communication not counted (TP decode only; SP and prefill rows give it too, for 
 
 from __future__ import annotations
 
-import argparse
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,7 +39,9 @@ from bench.block import block_parts_bytes_and_flops, compile_afresh, compiled, f
 from bench.common import (  # noqa: E402
     environment,
     measure_ceilings,
+    multi_gpu_arguments,
     rel_l2,
+    spawn_on_gpus,
     time_back_to_back_interleaved_ms,
     time_graphs_interleaved_ms,
     write_results,
@@ -192,19 +192,12 @@ def worker(rank: int, world: int, port: int, cases: list[tuple[str, int]], out: 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    ap.add_argument("--world", type=int, default=2)
+    ap = multi_gpu_arguments()
     ap.add_argument("--m", type=int, nargs="*", default=[8, 32, 128], help="TP decode sizes (tokens on every rank)")
     ap.add_argument("--prefill", type=int, nargs="*", default=[4096], help="prefill sizes, TP and SP (M tokens in all)")
     args = ap.parse_args()
-    if torch.cuda.device_count() < args.world:
-        raise SystemExit(f"needs {args.world} GPUs, this machine has {torch.cuda.device_count()}")
     cases = [("TP", m) for m in args.m] + [(form, m) for m in args.prefill for form in ("TP", "SP")]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torch.multiprocessing.spawn(worker, args=(args.world, port, cases, args.out), nprocs=args.world, join=True)
+    spawn_on_gpus(worker, args.world, (cases, args.out))
 
 
 if __name__ == "__main__":

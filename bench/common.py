@@ -273,3 +273,26 @@ def write_results(
     header = "\n".join(f"- {k}: {v}" for k, v in meta.items())
     md_path.write_text(f"# {name}\n\n{header}\n\n{markdown_table(rows, columns)}\n" + (f"\n{notes}\n" if notes else ""))
     return json_path, md_path
+
+
+def multi_gpu_arguments(description: str | None = None):
+    """An argument parser with the multi-GPU benchmarks' --out (results folder) and --world (GPUs)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out", default=str(RESULTS_DIR))
+    ap.add_argument("--world", type=int, default=2, help="GPUs of this host, one rank each")
+    return ap
+
+
+def spawn_on_gpus(worker: Callable[..., Any], world: int, args: tuple) -> None:
+    """worker(rank, world, port, *args) in one process per GPU (rank r on cuda:r), a free local port for the
+    process group's rendezvous."""
+    import socket
+
+    if torch.cuda.device_count() < world:
+        raise SystemExit(f"needs {world} GPUs, this machine has {torch.cuda.device_count()}")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torch.multiprocessing.spawn(worker, args=(world, port, *args), nprocs=world, join=True)

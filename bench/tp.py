@@ -19,9 +19,7 @@ workspace). The whole block, compiled against compiled + fused with either excha
 
 from __future__ import annotations
 
-import argparse
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import latent_moe_fusion as lmf  # noqa: E402
-from bench.common import environment, time_graphs_interleaved_ms, upper_median, write_results  # noqa: E402
+from bench.common import (  # noqa: E402
+    environment,
+    multi_gpu_arguments,
+    spawn_on_gpus,
+    time_graphs_interleaved_ms,
+    upper_median,
+    write_results,
+)
 
 HIDDEN, LATENT, ROUNDS, REPLAYS = 7168, 3584, 5, 6
 
@@ -165,17 +170,10 @@ def worker(rank: int, world: int, port: int, ms: list[int], out: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    ap.add_argument("--world", type=int, default=2)
+    ap = multi_gpu_arguments()
     ap.add_argument("--m", type=int, nargs="*", default=[1, 8, 32, 128, 512, 2048, 4096])
     args = ap.parse_args()
-    if torch.cuda.device_count() < args.world:
-        raise SystemExit(f"needs {args.world} GPUs, this machine has {torch.cuda.device_count()}")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torch.multiprocessing.spawn(worker, args=(args.world, port, args.m, args.out), nprocs=args.world, join=True)
+    spawn_on_gpus(worker, args.world, (args.m, args.out))
 
 
 if __name__ == "__main__":

@@ -240,6 +240,23 @@ class TensorAndSequenceParallel(nn.Module):
         return self.tp(x), self.sp(x_local)
 
 
+def kimi_tp_and_sp_on_gpus(group, dev: torch.device) -> TensorAndSequenceParallel:
+    """The multi-GPU tests' model: Kimi K3 sizes with 64 MXFP4 experts and a 768-wide shared slice per rank, a TP
+    block and an SP block over `group` (NCCL), router GEMM bf16."""
+    cfg = lmf.KimiK3MoEConfig().replace(num_experts=64, shared_intermediate_size=768)
+    common = dict(weight_format="mxfp4", dtype=torch.bfloat16, device=dev, router_gemm="bf16", tp_group=group)
+    return TensorAndSequenceParallel(lmf.KimiK3MoEBlock(cfg, seed=1, **common),
+                                     lmf.KimiK3MoEBlock(cfg, seed=2, sequence_parallel=True, **common))
+
+
+def tp_and_sp_inputs(world: int, rank: int, seed: int, dev: torch.device, hidden: int):
+    """(16 tokens, the same on every rank; this rank's 8 of the SP batch), drawn alike on every rank."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(16, hidden, generator=gen).to(dev, torch.bfloat16)
+    x_local = torch.randn(world, 8, hidden, generator=gen)[rank].to(dev, torch.bfloat16)
+    return x, x_local, gen
+
+
 def tp_and_sp(group, dtype: torch.dtype = torch.bfloat16) -> TensorAndSequenceParallel:
     """TP: merged gate/up, F.rms_norm, bf16 weights. SP: split gate/up, manual RMSNorm, MXFP4 weights."""
     return TensorAndSequenceParallel(

@@ -10,24 +10,11 @@ import pytest
 import torch
 
 from latent_moe_fusion.ops.symm_exchange import SymmetricExchange, flag_bytes, region_sizes
+from tests.exchange_helpers import BufferHandle, dense_fragments
 
 pytestmark = pytest.mark.gpu
 
 HIDDEN = 7168
-
-
-class DeviceHandle:
-    def __init__(self, buffers: list[torch.Tensor]) -> None:
-        self.buffers = buffers
-
-    def get_buffer(self, rank: int, sizes, dtype: torch.dtype, storage_offset: int = 0) -> torch.Tensor:
-        numel = 1
-        for size in sizes:
-            numel *= size
-        return self.buffers[rank].view(dtype)[storage_offset:storage_offset + numel].view(tuple(sizes))
-
-    def barrier(self, channel: int = 0) -> None:
-        raise AssertionError("the kernel method never calls the workspace barrier")
 
 
 def _ranks(world: int, max_tokens: int) -> list[SymmetricExchange]:
@@ -36,19 +23,10 @@ def _ranks(world: int, max_tokens: int) -> list[SymmetricExchange]:
     buffers = [torch.full((total,), 0xFF, dtype=torch.uint8, device="cuda") for _ in range(world)]
     for buffer in buffers:
         buffer[fragment_bytes + output_bytes:] = 0
-    handle = DeviceHandle(buffers)
+    handle = BufferHandle(buffers)
     return [SymmetricExchange("g", world, rank, torch.device("cuda", torch.cuda.current_device()), max_tokens, HIDDEN,
                               "on", buffers[rank], handle, fragment_bytes, output_bytes, max_programs=16)
             for rank in range(world)]
-
-
-def _dense(partials: list[torch.Tensor], mode: str, owner: int) -> torch.Tensor:
-    world = len(partials)
-    if mode == "hidden_scatter":
-        width = partials[0].shape[1] // world
-        return torch.stack([p[:, owner * width:(owner + 1) * width] for p in partials])
-    m = partials[0].shape[0] // world
-    return torch.stack([p[owner * m:(owner + 1) * m] for p in partials], dim=1)
 
 
 def _concurrently(world: int, fn) -> list:
@@ -77,7 +55,7 @@ def test_kernel_exchanges_on_one_gpu_are_the_layouts_bitwise(world):
             outs = _concurrently(world, lambda rank, p=partials, s=shape: ranks[rank].publish(
                 p[rank], mode, torch.full(s, float("nan"), dtype=torch.bfloat16, device="cuda")))
             for rank, ws in enumerate(outs):
-                assert torch.equal(ws, _dense(partials, mode, rank)), (mode, tokens, rank)
+                assert torch.equal(ws, dense_fragments(partials, mode, rank)), (mode, tokens, rank)
     for tokens in (128, 2):
         slices = [torch.randn(tokens, HIDDEN // world, device="cuda").to(torch.bfloat16) for _ in range(world)]
         for out in _concurrently(world, lambda rank, s=slices: ranks[rank].gather_columns(s[rank])):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import latent_moe_fusion as lmf
-from tests.fusion_models import TensorAndSequenceParallel, compiled, rel_l2
+from tests.fusion_models import compiled, kimi_tp_and_sp_on_gpus, rel_l2, tp_and_sp_inputs
 from tests.gloo import run_gloo
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -24,14 +24,8 @@ def _nccl_worker(rank: int, world: int, seed: int) -> dict:
     from latent_moe_fusion.ops.triton_kernels import expert_schedule
 
     dev = torch.device("cuda", rank)
-    cfg = lmf.KimiK3MoEConfig().replace(num_experts=64, shared_intermediate_size=768)
-    common = dict(weight_format="mxfp4", dtype=torch.bfloat16, device=dev, router_gemm="bf16",
-                  tp_group=dist.group.WORLD)
-    model = TensorAndSequenceParallel(lmf.KimiK3MoEBlock(cfg, seed=1, **common),
-                                      lmf.KimiK3MoEBlock(cfg, seed=2, sequence_parallel=True, **common))
-    gen = torch.Generator().manual_seed(seed)  # same draws on every rank
-    x = torch.randn(16, cfg.hidden_size, generator=gen).to(dev, torch.bfloat16)
-    x_local = torch.randn(world, 8, cfg.hidden_size, generator=gen)[rank].to(dev, torch.bfloat16)
+    model = kimi_tp_and_sp_on_gpus(dist.group.WORLD, dev)
+    x, x_local, _ = tp_and_sp_inputs(world, rank, seed, dev, model.tp.cfg.hidden_size)  # same draws on every rank
     eager = model(x, x_local)
     fusion_pass = lmf.LatentMoEFusionPass()
     fused_fn = compiled(model, fusion_pass)

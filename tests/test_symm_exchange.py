@@ -26,28 +26,10 @@ from latent_moe_fusion.ops.symm_exchange import (
     prepare_symmetric_exchange,
     region_sizes,
 )
+from tests.exchange_helpers import BufferHandle, dense_fragments
 from tests.gloo import run_gloo
 
 HIDDEN = 64
-
-
-class SharedHandle:
-    """The _SymmetricMemory calls the exchange makes, over shared-memory CPU buffers (one per rank)."""
-
-    def __init__(self, buffers: list[torch.Tensor]) -> None:
-        self.buffers, self.channels = buffers, []
-
-    def get_buffer(self, rank: int, sizes, dtype: torch.dtype, storage_offset: int = 0) -> torch.Tensor:
-        numel = 1
-        for size in sizes:
-            numel *= size
-        return self.buffers[rank].view(dtype)[storage_offset:storage_offset + numel].view(tuple(sizes))
-
-    def barrier(self, channel: int = 0) -> None:
-        import torch.distributed as dist
-
-        self.channels.append(channel)
-        dist.barrier()
 
 
 def sizes(world: int, max_tokens: int) -> tuple[int, int, int]:
@@ -60,17 +42,14 @@ def exchange_on(rank: int, buffers: list[torch.Tensor], max_tokens: int, setting
     world = len(buffers)
     fragment_bytes, output_bytes, _ = sizes(world, max_tokens)
     return SymmetricExchange("g", world, rank, torch.device("cpu"), max_tokens, HIDDEN, setting, buffers[rank],
-                             SharedHandle(buffers), fragment_bytes, output_bytes, method=method, max_programs=3)
+                             BufferHandle(buffers, _gloo_barrier), fragment_bytes, output_bytes, method=method,
+                             max_programs=3)
 
 
-def dense_fragments(partials: list[torch.Tensor], mode: str, owner: int) -> torch.Tensor:
-    """DESIGN.md section 2's ws on rank `owner` from every rank's partial shared output."""
-    world = len(partials)
-    if mode == "hidden_scatter":
-        width = partials[0].shape[1] // world
-        return torch.stack([p[:, owner * width:(owner + 1) * width] for p in partials])
-    m = partials[0].shape[0] // world
-    return torch.stack([p[owner * m:(owner + 1) * m] for p in partials], dim=1)
+def _gloo_barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
 
 
 MAX_TOKENS = 12

@@ -12,22 +12,14 @@ import pytest
 import torch
 
 import latent_moe_fusion as lmf
-from tests.fusion_models import TensorAndSequenceParallel, compiled, rel_l2
+from tests.exchange_helpers import dense_fragments
+from tests.fusion_models import compiled, kimi_tp_and_sp_on_gpus, rel_l2, tp_and_sp_inputs
 from tests.gloo import run_gloo
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 HIDDEN = 7168
 BF16_TOL = 1.5e-2
-
-
-def _dense(partials: list[torch.Tensor], mode: str, owner: int) -> torch.Tensor:
-    world = len(partials)
-    if mode == "hidden_scatter":
-        width = partials[0].shape[1] // world
-        return torch.stack([p[:, owner * width:(owner + 1) * width] for p in partials])
-    m = partials[0].shape[0] // world
-    return torch.stack([p[owner * m:(owner + 1) * m] for p in partials], dim=1)
 
 
 def _exchange_worker(rank: int, world: int, seed: int) -> dict:
@@ -58,7 +50,7 @@ def _exchange_worker(rank: int, world: int, seed: int) -> dict:
                     pending = layouts.start_publish(s, mode, name, buffers)
                 symm = pending.wait()
                 ref = layouts.start_publish(s, mode, name, symmetric=False).wait()
-                if not (torch.equal(symm, ref) and torch.equal(symm, _dense(every, mode, rank))):
+                if not (torch.equal(symm, ref) and torch.equal(symm, dense_fragments(every, mode, rank))):
                     failures.append(f"{method} fragments {mode} M={tokens}")
             for tokens in (128, 1):
                 out_slice = torch.randn(tokens, HIDDEN // world, generator=gen).to(dev, torch.bfloat16)
@@ -103,16 +95,11 @@ def _block_worker(rank: int, world: int, seed: int) -> dict:
     from tests.graph_replay import replay_without_host_sync
 
     dev = torch.device("cuda", rank)
-    cfg = lmf.KimiK3MoEConfig().replace(num_experts=64, shared_intermediate_size=768)
-    common = dict(weight_format="mxfp4", dtype=torch.bfloat16, device=dev, router_gemm="bf16",
-                  tp_group=dist.group.WORLD)
-    model = TensorAndSequenceParallel(lmf.KimiK3MoEBlock(cfg, seed=1, **common),
-                                      lmf.KimiK3MoEBlock(cfg, seed=2, sequence_parallel=True, **common))
+    model = kimi_tp_and_sp_on_gpus(dist.group.WORLD, dev)
+    cfg = model.tp.cfg
     exchange = lmf.prepare_symmetric_exchange(dist.group.WORLD, max_tokens=64, hidden=cfg.hidden_size)
     exchange.setting = "on"
-    gen = torch.Generator().manual_seed(seed)  # same draws on every rank
-    x = torch.randn(16, cfg.hidden_size, generator=gen).to(dev, torch.bfloat16)
-    x_local = torch.randn(world, 8, cfg.hidden_size, generator=gen)[rank].to(dev, torch.bfloat16)
+    x, x_local, gen = tp_and_sp_inputs(world, rank, seed, dev, cfg.hidden_size)
     eager = model(x, x_local)
     fusion_pass = lmf.LatentMoEFusionPass()
     fused_fn = compiled(model, fusion_pass)
