@@ -25,7 +25,8 @@ def _ranks(world: int, max_tokens: int) -> list[SymmetricExchange]:
         buffer[fragment_bytes + output_bytes:] = 0
     handle = BufferHandle(buffers)
     return [SymmetricExchange("g", world, rank, torch.device("cuda", torch.cuda.current_device()), max_tokens, HIDDEN,
-                              "on", buffers[rank], handle, fragment_bytes, output_bytes, max_programs=16)
+                              "on", buffers[rank], handle, fragment_bytes, output_bytes, method="kernel",
+                              max_programs=16)
             for rank in range(world)]
 
 
