@@ -18,7 +18,8 @@ column slices the same way. One exchange on rank q, on the stream that made the 
                   next exchange overwrites); the flag goes back to 0
 
 `method = "copies"` (the default, DEFAULT_METHOD says why) does the same with torch copies between two workspace
-barriers (handle.barrier: every rank's last copy-out done / every peer's writes landed): five launches for R = 2.
+barriers (handle.barrier: every rank's last copy-out done / every peer's writes landed), then one copy-out: five
+launches for R = 2.
 LMF_SYMM_EXCHANGE_METHOD chooses at prepare time.
 
 The producer runs its exchange on the shared expert's side stream, beside the routed experts, and the caller's
@@ -86,9 +87,10 @@ class Parts:
         return self.src.as_strided((self.rows, self.cols), (self.src_row_stride, 1),
                                    self.src.storage_offset() + p * self.part_stride)
 
-    def slot(self, r: int) -> torch.Tensor:
-        return self.out.as_strided((self.rows, self.cols), (self.out_row_stride, 1),
-                                   self.out.storage_offset() + r * self.slot_stride)
+    def slots(self, world: int) -> torch.Tensor:
+        """The output as [R, rows, cols] (slot r first), a strided view."""
+        return self.out.as_strided((world, self.rows, self.cols), (self.slot_stride, self.out_row_stride, 1),
+                                   self.out.storage_offset())
 
 
 @dataclass
@@ -202,9 +204,7 @@ class SymmetricExchange:
             owner = (self.rank + step) % self.world
             self.view(owner, shape, parts.src.dtype, offset)[self.rank].copy_(parts.part(owner))
         self.handle.barrier(channel=second)
-        mine = self.view(self.rank, shape, parts.src.dtype, offset)
-        for source in range(self.world):
-            parts.slot(source).copy_(mine[source])
+        parts.slots(self.world).copy_(self.view(self.rank, shape, parts.src.dtype, offset))  # one launch
 
     def publish(self, s_partial: torch.Tensor, mode: str, out: torch.Tensor) -> torch.Tensor:
         """This rank's partial shared output [M_s, H] into every owner's fragments; `out` (fresh, the op's ws,
