@@ -7,9 +7,9 @@ replayed in alternating rounds with a barrier before each replay, the slowest ra
   publication ([R M, H] -> [M, R, H]) and the TP output all-gather ([M, H/R] -> [M, H]), by symmetric memory
   (`symm`: one Triton launch per exchange; `symm_copies`: torch copies between two workspace barriers) and by
   NCCL (`nccl`: layouts.py's all-to-all / all-gather);
-- tail rows: the unfused TP tail as the compiled reference block runs it (NCCL all-reduce of the shared partial,
-  then y_n @ W_up^T + s) against the fused one (fragment publication, then lmf::latent_tail with its output
-  all-gather), fused with either exchange.
+- tail rows: the unfused tails as the compiled reference block runs them (TP: NCCL all-reduce of the shared
+  partial, SP: its reduce-scatter; then y_n @ W_up^T + s) against the fused ones (fragment publication, then
+  lmf::latent_tail, TP with its output all-gather), fused with each exchange.
 
 Floors: bytes each rank sends to its peers over the measured peer-write bandwidth (one large copy into a peer's
 workspace). The whole block, compiled against compiled + fused with either exchange: bench/block_tp.py.
@@ -86,35 +86,44 @@ def rows_for(m: int, exchange, world: int, rank: int, peer_bw: float) -> list[di
             return fn(i)
         return step
 
-    def fused_tail(i: int):
-        ws = layouts.publish_fragments(s_tp[i], "hidden_scatter", name)
-        return torch.ops.lmf.latent_tail(y_n[i], w_up, ws, "hidden_scatter", name)
+    def fused_tail(s_partial: list[torch.Tensor], mode: str):
+        def run(i: int):
+            ws = layouts.publish_fragments(s_partial[i], mode, name)
+            return torch.ops.lmf.latent_tail(y_n[i], w_up, ws, mode, name)
+        return run
 
-    def unfused_tail(i: int):
+    def unfused_tp_tail(i: int):
         s = funcol.all_reduce(s_tp[i], "sum", name)
         return y_n[i] @ w_up.t() + funcol.wait_tensor(s)
 
+    def unfused_sp_tail(i: int):
+        s = funcol.reduce_scatter_tensor(s_sp[i], "sum", 0, name)
+        return y_n[i] @ w_up.t() + funcol.wait_tensor(s)
+
+    # (exchange, bytes each rank sends to its peers)
+    tp_bytes, sp_bytes = (world - 1) / world * m * HIDDEN * 2, (world - 1) * m * HIDDEN * 2
     parts = {
-        "TP fragments": lambda i: layouts.publish_fragments(s_tp[i], "hidden_scatter", name),
-        "SP fragments": lambda i: layouts.publish_fragments(s_sp[i], "token_publish", name),
-        "TP output all-gather": lambda i: layouts.gather_columns(slices[i], name),
+        "TP fragments": (lambda i: layouts.publish_fragments(s_tp[i], "hidden_scatter", name), tp_bytes),
+        "SP fragments": (lambda i: layouts.publish_fragments(s_sp[i], "token_publish", name), sp_bytes),
+        "TP output all-gather": (lambda i: layouts.gather_columns(slices[i], name), tp_bytes),
     }
     rows = []
-    sent = (world - 1) / world * m * HIDDEN * 2  # bytes each rank sends in every exchange above
-    for part, fn in parts.items():
+    for part, (fn, sent) in parts.items():
         times = time_graphs_interleaved_ms({"symm": with_setting("on", fn), "copies": with_setting("on", fn, "copies"),
                                             "nccl": with_setting("off", fn)},
                                            sets, ROUNDS, REPLAYS, before_each=dist.barrier)
         rows.append({"part": part, "M": m, "symm_us": times["symm"] * 1e3, "symm_copies_us": times["copies"] * 1e3,
                      "nccl_us": times["nccl"] * 1e3, "floor_us": sent / peer_bw * 1e6})
-    times = time_graphs_interleaved_ms({"unfused": with_setting("off", unfused_tail),
-                                        "fused_symm": with_setting("on", fused_tail),
-                                        "fused_copies": with_setting("on", fused_tail, "copies"),
-                                        "fused_nccl": with_setting("off", fused_tail)},
-                                       sets, ROUNDS, REPLAYS, before_each=dist.barrier)
-    rows.append({"part": "TP tail", "M": m, "symm_us": times["fused_symm"] * 1e3,
-                 "symm_copies_us": times["fused_copies"] * 1e3, "nccl_us": times["fused_nccl"] * 1e3,
-                 "unfused_us": times["unfused"] * 1e3})
+    for part, fused, unfused in (("TP tail", fused_tail(s_tp, "hidden_scatter"), unfused_tp_tail),
+                                 ("SP tail", fused_tail(s_sp, "token_publish"), unfused_sp_tail)):
+        times = time_graphs_interleaved_ms({"unfused": with_setting("off", unfused),
+                                            "fused_symm": with_setting("on", fused),
+                                            "fused_copies": with_setting("on", fused, "copies"),
+                                            "fused_nccl": with_setting("off", fused)},
+                                           sets, ROUNDS, REPLAYS, before_each=dist.barrier)
+        rows.append({"part": part, "M": m, "symm_us": times["fused_symm"] * 1e3,
+                     "symm_copies_us": times["fused_copies"] * 1e3, "nccl_us": times["fused_nccl"] * 1e3,
+                     "unfused_us": times["unfused"] * 1e3})
     exchange.setting, exchange.method = "auto", "kernel"
     return rows
 
@@ -161,10 +170,11 @@ def worker(rank: int, world: int, port: int, ms: list[int], out: str) -> None:
             write_results("tp", rows, ["part", "M", "symm_us", "symm_copies_us", "nccl_us", "symm_vs_nccl", "floor_us",
                                        "symm_x_floor",
                                        "unfused_us", "fused_symm_vs_unfused", "fused_nccl_vs_unfused"], meta, out,
-                          notes="floor_us: the bytes a rank sends to its peers, (R-1)/R M H 2, over the measured "
-                                "peer-write bandwidth. TP tail: symm_us / symm_copies_us / nccl_us are the fused tail (fragment "
-                                "publication + lmf::latent_tail with its output all-gather) with either exchange, "
-                                "unfused_us the NCCL all-reduce + y_n @ W_up^T + s.")
+                          notes="floor_us: the bytes a rank sends to its peers ((R-1)/R M H 2 for TP, (R-1) M H 2 for "
+                                "SP, whose M is the local tokens), over the measured peer-write bandwidth. Tails: "
+                                "symm_us / symm_copies_us / nccl_us are the fused tail (fragment publication + "
+                                "lmf::latent_tail, TP with its output all-gather) with each exchange, unfused_us the "
+                                "NCCL all-reduce (TP) or reduce-scatter (SP) + y_n @ W_up^T + s.")
     finally:
         dist.destroy_process_group()
 
