@@ -10,13 +10,13 @@ SCRIPT = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from latent_moe_fusion.ops.triton_kernels.peer_exchange import MAX_CHUNKS, Chunks, peer_exchange_kernel
+from latent_moe_fusion.ops.triton_kernels.peer_exchange import MAX_PROGRAMS, Chunks, peer_exchange_kernel
 chunks = Chunks.of({rows}, {cols})
 sig = {{"src_ptr": "*bf16", "src_part_stride": "i64", "src_row_stride": "i64", "out_ptr": "*bf16",
         "out_slot_stride": "i64", "out_row_stride": "i64", "ws_table": "*i64", "flag_table": "*i64",
-        "places": "i32", "place_elems": "i32", "rank": "i32", "rows": "i32", "cols": "i32", "n_col_blocks": "i32",
+        "places": "i32", "per_program": "i32", "place_elems": "i32", "rank": "i32", "rows": "i32", "cols": "i32", "n_col_blocks": "i32",
         "n_chunks": "i32"}}
-consts = dict(WORLD={world}, MAX_CHUNKS=MAX_CHUNKS, BLOCK_R=chunks.block_r, BLOCK_C=chunks.block_c)
+consts = dict(WORLD={world}, MAX_PROGRAMS=MAX_PROGRAMS, BLOCK_R=chunks.block_r, BLOCK_C=chunks.block_c)
 sig |= {{n: "constexpr" for n in consts}}
 kernel = triton.compile(ASTSource(fn=peer_exchange_kernel, signature=sig, constexprs=consts),
                         target=GPUTarget("cuda", 90, 32), options={{"num_warps": 4}})

@@ -26,7 +26,7 @@ def _ranks(world: int, max_tokens: int) -> list[SymmetricExchange]:
     handle = BufferHandle(buffers)
     return [SymmetricExchange("g", world, rank, torch.device("cuda", torch.cuda.current_device()), max_tokens, HIDDEN,
                               "on", buffers[rank], handle, fragment_bytes, output_bytes, method="kernel",
-                              max_programs=16)
+                              max_programs=16, fragment_programs=8)
             for rank in range(world)]
 
 

@@ -43,7 +43,7 @@ def exchange_on(rank: int, buffers: list[torch.Tensor], max_tokens: int, setting
     fragment_bytes, output_bytes, _ = sizes(world, max_tokens)
     return SymmetricExchange("g", world, rank, torch.device("cpu"), max_tokens, HIDDEN, setting, buffers[rank],
                              BufferHandle(buffers, _gloo_barrier), fragment_bytes, output_bytes, method=method,
-                             max_programs=3)
+                             max_programs=3, fragment_programs=2)
 
 
 def _gloo_barrier() -> None:
@@ -108,7 +108,9 @@ def test_the_choice_follows_setting_window_and_capacity():
     on.fragment_window = (4, 32)
     assert on.serves_fragments(3, HIDDEN, dtype, cpu) and on.serves_fragments(64, HIDDEN, dtype, cpu)
     assert not on.serves_fragments(65, HIDDEN, dtype, cpu), "more tokens than the workspace holds"
-    assert not on.serves_fragments(64, HIDDEN, torch.float64, cpu), "8-byte fragments overflow the workspace"
+    on.method = "kernel"
+    assert not on.serves_fragments(64, HIDDEN, torch.float64, cpu), "8-byte chunks overflow the kernel's places"
+    on.method = "copies"
     assert not on.serves_fragments(8, HIDDEN + 2, dtype, cpu), "wider than the workspace's hidden size"
     assert not on.serves_fragments(8, HIDDEN, dtype, torch.device("meta")), "another device than the workspace's"
     on.setting = "off"

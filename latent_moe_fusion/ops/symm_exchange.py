@@ -96,7 +96,7 @@ class Parts:
 @dataclass
 class SymmetricExchange:
     """One group's workspace: [fragment region | output region | flags] of one symmetric allocation on every rank.
-    A region holds [R, rows, cols] (slot r: what rank r sent); flags: int32 [2 kinds, 2 R, MAX_CHUNKS], zero at rest.
+    A region holds [R, rows, cols] (slot r: what rank r sent); flags: int32 [2 kinds, 2 R, MAX_PROGRAMS], zero at rest.
     method "kernel": one Triton launch per exchange (triton_kernels/peer_exchange.py); "copies": torch copies
     between two workspace barriers (module docstring)."""
 
@@ -112,7 +112,7 @@ class SymmetricExchange:
     fragment_bytes: int  # each region also holds the kernel's places for every (source rank, chunk)
     output_bytes: int
     method: str = DEFAULT_METHOD
-    max_programs: int = 132  # the gather's grid bound (it is on the critical path: every SM)
+    max_programs: int = 132  # the gather's grid (it is on the critical path: every SM)
     fragment_programs: int = FRAGMENT_PROGRAMS
     fragment_window: tuple[int, int | None] | None = None  # None: the method's WINDOWS entry
     gather_window: tuple[int, int | None] | None = None
@@ -151,7 +151,11 @@ class SymmetricExchange:
 
         if self.method == "copies":
             return self.world * rows * cols * _itemsize(dtype) <= self._region(kind)
-        return self._places(kind, dtype).hold(Chunks.of(rows, cols))
+        return self._places(kind, dtype).hold(Chunks.of(rows, cols), self._programs(kind))
+
+    def _programs(self, kind: str) -> int:
+        """The kernel's grid for `kind`: fixed for the workspace's life (program i owns its flags and places)."""
+        return self.fragment_programs if kind == "fragments" else self.max_programs
 
     def serves_fragments(self, tokens: int, hidden: int, dtype: torch.dtype, device: torch.device) -> bool:
         if device != self.device or hidden > self.hidden or hidden % self.world:
@@ -174,9 +178,9 @@ class SymmetricExchange:
         return 0 if kind == "fragments" else self.fragment_bytes
 
     def _flags_offset(self, kind: str) -> int:
-        from .triton_kernels.peer_exchange import FLAG_SETS, MAX_CHUNKS
+        from .triton_kernels.peer_exchange import FLAG_SETS, MAX_PROGRAMS
 
-        return self.fragment_bytes + self.output_bytes + _KINDS.index(kind) * FLAG_SETS * self.world * MAX_CHUNKS * 4
+        return self.fragment_bytes + self.output_bytes + _KINDS.index(kind) * FLAG_SETS * self.world * MAX_PROGRAMS * 4
 
     def _table(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         """int64 [R] addresses of every rank's region and flags of `kind`, as this rank maps them."""
@@ -194,8 +198,7 @@ class SymmetricExchange:
             regions, flags = self._table(kind)
             launch_peer_exchange(parts.src, parts.part_stride, parts.src_row_stride, parts.out, parts.slot_stride,
                                  parts.out_row_stride, regions, flags, self._places(kind, parts.out.dtype), self.rank,
-                                 self.world, parts.rows, parts.cols,
-                                 self.fragment_programs if kind == "fragments" else self.max_programs)
+                                 self.world, parts.rows, parts.cols, self._programs(kind))
             return
         shape, offset = (self.world, parts.rows, parts.cols), self._region_offset(kind)
         first, second = _CHANNELS[kind]
@@ -247,9 +250,9 @@ def _kernel_layouts(world: int, max_tokens: int, hidden: int):
 
 def flag_bytes(world: int) -> int:
     """Bytes of the kernel's flags on a rank, after the two regions (zero at rest)."""
-    from .triton_kernels.peer_exchange import FLAG_SETS, MAX_CHUNKS
+    from .triton_kernels.peer_exchange import FLAG_SETS, MAX_PROGRAMS
 
-    return len(_KINDS) * FLAG_SETS * world * MAX_CHUNKS * 4
+    return len(_KINDS) * FLAG_SETS * world * MAX_PROGRAMS * 4
 
 
 def region_sizes(world: int, max_tokens: int, hidden: int, itemsize: int) -> tuple[int, int]:
