@@ -93,7 +93,7 @@ def test_exchanges_deliver_the_layouts_bitwise(world, rng_seed):
     for rank, res in enumerate(run_gloo(_exchange_worker, world, (buffers, rng_seed), timeout=600,
                                         preload=("latent_moe_fusion",))):
         assert res["failures"] == [], (rank, res["failures"])
-        assert res["channels"]["kernel"] == [], "the kernel method signals per chunk, without workspace barriers"
+        assert res["channels"]["kernel"] == [], "the kernel method signals per program, without workspace barriers"
         assert res["channels"]["copies"] == [0, 1] * 12 + [2, 3] * 2, "two barriers per exchange, per kind"
 
 

@@ -9,11 +9,11 @@ buffer; unicast stores only, NVLink multicast is never used) and rendezvouses it
 count lies in the measured window (`WINDOWS`, per method and kind), the producers publish
 their shared fragments by peer writes into the owners' workspaces and the hidden_scatter tail gathers its output
 column slices the same way. One exchange on rank q, on the stream that made the data, in one Triton launch with
-`method = "kernel"` (triton_kernels/peer_exchange.py: the signals are per chunk, in the workspace's flags):
+`method = "kernel"` (triton_kernels/peer_exchange.py: one signal per program and peer, in the workspace's flags):
 
-    peer writes   owner p's workspace receives q's part for p, chunk by chunk, each chunk once p has copied out
-                  the last exchange's (its flag back at 0), then signalled (flag 1, release at system scope)
-    copy out      q's own part and, as each peer's signal arrives (acquire), that peer's chunk go into the op's
+    peer writes   owner p's workspace receives q's part for p, each program's share once p has copied out what
+                  that program sent last time (its flag back at 0), then signalled (flag 1, release at system scope)
+    copy out      q's own part and, as each peer's signal arrives (acquire), that peer's share go into the op's
                   fresh output: the ops are functional (nothing they return aliases the workspace, which the
                   next exchange overwrites); the flag goes back to 0
 
