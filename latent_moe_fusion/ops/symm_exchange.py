@@ -61,6 +61,7 @@ _CHANNELS = {"fragments": (0, 1), "gather": (2, 3)}
 FRAGMENT_PROGRAMS = 32
 _KINDS = ("fragments", "gather")
 _ALIGN = 256
+_MAX_VIEWS = 1024
 METHODS = ("kernel", "copies")
 METHOD_ENV = "LMF_SYMM_EXCHANGE_METHOD"  # read by prepare_symmetric_exchange; must be the same on every rank
 # The copies are the default: they ran on two H200 (tests/test_symm_exchange_gpu.py, bench/results/
@@ -171,6 +172,8 @@ class SymmetricExchange:
         """rank's workspace (this rank's mapping of it) as a contiguous tensor of `shape` at byte_offset."""
         key = (rank, shape, dtype, byte_offset)
         if key not in self._views:
+            if len(self._views) >= _MAX_VIEWS:  # a server sees many token counts: keep the cache bounded
+                self._views.clear()
             self._views[key] = self.handle.get_buffer(rank, shape, dtype, byte_offset // _itemsize(dtype))
         return self._views[key]
 
@@ -325,7 +328,7 @@ def prepare_symmetric_exchange(group: dist.ProcessGroup | str | None = None, max
         raise RuntimeError("prepare_symmetric_exchange allocates and rendezvouses: call it before CUDA-graph capture")
     if max_tokens < 1 or hidden < 1:
         raise ValueError(f"max_tokens = {max_tokens} and hidden = {hidden} must be positive")
-    from .triton_kernels.peer_exchange import MAX_BLOCK_ROWS, Chunks
+    from .triton_kernels.peer_exchange import MAX_BLOCK_ROWS, MAX_PROGRAMS, Chunks
 
     if Chunks.of(max_tokens, hidden).block_r > MAX_BLOCK_ROWS:
         raise ValueError(f"max_tokens = {max_tokens} at hidden = {hidden} needs more chunk flags than the workspace "
@@ -364,10 +367,11 @@ def prepare_symmetric_exchange(group: dist.ProcessGroup | str | None = None, max
             warnings.simplefilter("ignore", FutureWarning)
             enable(group.group_name)
     handle = symm_mem.rendezvous(buffer, group.group_name)
+    # The kernel's grid must be the same on every rank: the fewest SMs of the group's GPUs.
+    programs = _agree_min(torch.cuda.get_device_properties(device).multi_processor_count, group, device)
     exchange = SymmetricExchange(group.group_name, world, rank, device, max_tokens, hidden,
                                  "on" if agreed == _CODES["on"] else "auto", buffer, handle, fragment_bytes,
-                                 output_bytes, method=METHODS[method],
-                                 max_programs=torch.cuda.get_device_properties(device).multi_processor_count)
+                                 output_bytes, method=METHODS[method], max_programs=min(programs, MAX_PROGRAMS))
     _EXCHANGES[group.group_name] = exchange
     return exchange
 
