@@ -150,7 +150,7 @@ def gather_columns(out_slice: torch.Tensor, group_name: str | None, symmetric: b
 
         exchange = gather_exchange(group_name, out_slice)
         if exchange is not None:
-            return exchange.gather_columns(out_slice.contiguous())
+            return exchange.gather_columns(out_slice)
     group = resolve_group(group_name)
     m, width = out_slice.shape
     gathered = out_slice.new_empty(world * m, width)  # one collective into one buffer, then one copy to [M, H]
