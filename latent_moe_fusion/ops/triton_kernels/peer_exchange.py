@@ -34,6 +34,17 @@ MAX_BLOCK_C = 512
 MAX_BLOCK_ROWS = 64  # taller chunks would not fit the registers (prepare_symmetric_exchange refuses such sizes)
 
 
+@triton.jit
+def _chunk_tile(chunk, n_col_blocks, rows, cols, src_row_stride, out_row_stride, BLOCK_R: tl.constexpr,
+                BLOCK_C: tl.constexpr):
+    """Chunk `chunk`'s element offsets in a part (src_rc) and in an output slot (out_rc), and its in-bounds mask."""
+    row = (chunk // n_col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
+    col = (chunk % n_col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (row[:, None] < rows) & (col[None, :] < cols)
+    row64 = row[:, None].to(tl.int64)
+    return row64 * src_row_stride + col[None, :], row64 * out_row_stride + col[None, :], mask
+
+
 @triton.jit(do_not_specialize=["rank"])  # rank 1 would become a constant
 def peer_exchange_kernel(
     src_ptr, src_part_stride, src_row_stride,  # my part p: src + p * src_part_stride, rows of src_row_stride
@@ -46,9 +57,7 @@ def peer_exchange_kernel(
     dtype = out_ptr.dtype.element_ty
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
-    r_idx = tl.arange(0, BLOCK_R)
-    c_idx = tl.arange(0, BLOCK_C)
-    in_chunk = r_idx[:, None] * BLOCK_C + c_idx[None, :]
+    in_chunk = tl.arange(0, BLOCK_R)[:, None] * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
     my_ws = tl.load(ws_table + rank).to(tl.pointer_type(dtype))
     my_flags = tl.load(flag_table + rank).to(tl.pointer_type(tl.int32))
     first_place = pid * per_program
@@ -60,24 +69,19 @@ def peer_exchange_kernel(
         tl.atomic_xchg(busy, 1, sem="relaxed", scope="gpu")
         places_at_peer = tl.load(ws_table + peer).to(tl.pointer_type(dtype)) + (rank * places).to(tl.int64) * place_elems
         for chunk in range(pid, n_chunks, programs):
-            row = (chunk // n_col_blocks) * BLOCK_R + r_idx
-            col = (chunk % n_col_blocks) * BLOCK_C + c_idx
-            mask = (row[:, None] < rows) & (col[None, :] < cols)
-            part = tl.load(src_ptr + peer.to(tl.int64) * src_part_stride + row[:, None].to(tl.int64) * src_row_stride
-                           + col[None, :], mask=mask)
+            src_rc, _, mask = _chunk_tile(chunk, n_col_blocks, rows, cols, src_row_stride, out_row_stride, BLOCK_R,
+                                          BLOCK_C)
+            part = tl.load(src_ptr + peer.to(tl.int64) * src_part_stride + src_rc, mask=mask)
             place = (first_place + chunk // programs).to(tl.int64) * place_elems
             tl.store(places_at_peer + place + in_chunk, part, mask=mask)
         tl.debug_barrier()
         ready = tl.load(flag_table + peer).to(tl.pointer_type(tl.int32)) + rank * MAX_PROGRAMS + pid
         tl.atomic_xchg(ready, 1, sem="release", scope="sys")
     for chunk in range(pid, n_chunks, programs):
-        row = (chunk // n_col_blocks) * BLOCK_R + r_idx
-        col = (chunk % n_col_blocks) * BLOCK_C + c_idx
-        mask = (row[:, None] < rows) & (col[None, :] < cols)
-        own = tl.load(src_ptr + rank.to(tl.int64) * src_part_stride + row[:, None].to(tl.int64) * src_row_stride
-                      + col[None, :], mask=mask)
-        tl.store(out_ptr + rank.to(tl.int64) * out_slot_stride + row[:, None].to(tl.int64) * out_row_stride
-                 + col[None, :], own, mask=mask)
+        src_rc, out_rc, mask = _chunk_tile(chunk, n_col_blocks, rows, cols, src_row_stride, out_row_stride, BLOCK_R,
+                                           BLOCK_C)
+        own = tl.load(src_ptr + rank.to(tl.int64) * src_part_stride + src_rc, mask=mask)
+        tl.store(out_ptr + rank.to(tl.int64) * out_slot_stride + out_rc, own, mask=mask)
     for step in tl.static_range(1, WORLD):
         source = (rank + WORLD - step) % WORLD
         ready = my_flags + source * MAX_PROGRAMS + pid
@@ -86,13 +90,11 @@ def peer_exchange_kernel(
         tl.debug_barrier()
         places_here = my_ws + (source * places).to(tl.int64) * place_elems
         for chunk in range(pid, n_chunks, programs):
-            row = (chunk // n_col_blocks) * BLOCK_R + r_idx
-            col = (chunk % n_col_blocks) * BLOCK_C + c_idx
-            mask = (row[:, None] < rows) & (col[None, :] < cols)
+            _, out_rc, mask = _chunk_tile(chunk, n_col_blocks, rows, cols, src_row_stride, out_row_stride, BLOCK_R,
+                                          BLOCK_C)
             place = (first_place + chunk // programs).to(tl.int64) * place_elems
             part = tl.load(places_here + place + in_chunk, mask=mask)
-            tl.store(out_ptr + source.to(tl.int64) * out_slot_stride + row[:, None].to(tl.int64) * out_row_stride
-                     + col[None, :], part, mask=mask)
+            tl.store(out_ptr + source.to(tl.int64) * out_slot_stride + out_rc, part, mask=mask)
         tl.debug_barrier()
         tl.atomic_xchg(ready, 0, sem="relaxed", scope="gpu")
         busy = tl.load(flag_table + source).to(tl.pointer_type(tl.int32)) + (WORLD + rank) * MAX_PROGRAMS + pid
