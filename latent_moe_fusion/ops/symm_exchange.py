@@ -278,21 +278,23 @@ def kernel_places(world: int, max_tokens: int, hidden: int, fragment_bytes: int,
 
 
 def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
+
+
+def _env_word(name: str, choices: tuple[str, ...], default: str) -> str:
+    """`name`'s value, case and surrounding spaces ignored (default when unset or empty), one of `choices`."""
+    value = os.environ.get(name, default).strip().lower() or default
+    if value not in choices:
+        raise ValueError(f"{name}={value!r}: expected one of {choices}")
+    return value
 
 
 def _setting() -> str:
-    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if value not in CHOICES:
-        raise ValueError(f"{ENV}={value!r}: expected one of {CHOICES}")
-    return value
+    return _env_word(ENV, CHOICES, "auto")
 
 
 def _method() -> str:
-    value = os.environ.get(METHOD_ENV, DEFAULT_METHOD).strip().lower() or DEFAULT_METHOD
-    if value not in METHODS:
-        raise ValueError(f"{METHOD_ENV}={value!r}: expected one of {METHODS}")
-    return value
+    return _env_word(METHOD_ENV, METHODS, DEFAULT_METHOD)
 
 
 def _agree_min(value: int, group: dist.ProcessGroup, device: torch.device) -> int:
