@@ -41,7 +41,7 @@ L2_SIG = {"act_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*u8", "sorted_ptr": "*i
 
 
 def compile_sm90(which: str, split: int = 1, ring: str = "loads", order: str = "auto",
-                 bm: int = BM, mma: str = "sync") -> triton.compiler.CompiledKernel:
+                 bm: int = BM) -> triton.compiler.CompiledKernel:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -50,7 +50,7 @@ def compile_sm90(which: str, split: int = 1, ring: str = "loads", order: str = "
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items()) if t != "fp32" and n != "top_k"}
     kind, stages = gk.WEIGHT_RINGS[ring]
     constexprs = {"BM": bm, "BK": gk.STEP_K, "SPLIT": split, "num_warps": warps, "RING": kind, "STAGES": stages,
-                  "ORDER": order, "MMA": mma}
+                  "ORDER": order}
     if kind == "tma":  # the launcher's descriptor (gluon_kernels._words_descriptor)
         rows = 16 * warps
         box = f"2, {rows}, {gk.STEP_K // 8}" if which == "l1" else f"{rows}, {gk.STEP_K // 8}"
@@ -59,7 +59,7 @@ def compile_sm90(which: str, split: int = 1, ring: str = "loads", order: str = "
     else:
         desc, constexprs["w_desc"] = "constexpr", None
     sig = dict(sig, w_desc=desc, BM="constexpr", BK="constexpr", SPLIT="constexpr", num_warps="constexpr",
-               RING="constexpr", STAGES="constexpr", ORDER="constexpr", MMA="constexpr")
+               RING="constexpr", STAGES="constexpr", ORDER="constexpr")
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     cap = gk.max_registers(which, kind, bm)
     options = {"num_warps": warps} | ({"maxnreg": cap} if cap else {})

@@ -186,23 +186,3 @@ def test_128_row_blocks_refuse_k_slices_and_dependent_launches():
         launch_routed_l2(act, w2, s2, ids, experts, pairs, 1, STAGED_BLOCK_ROWS, dependent=True)
     with pytest.raises(ValueError, match="128-row blocks run whole K as an ordinary launch"):
         launch_routed_l2(act, w2, s2, ids, experts, pairs.view(2, 24, 256), 1, STAGED_BLOCK_ROWS)
-
-
-def test_mma_mode_defaults_and_takes_one_or_two_modes(monkeypatch):
-    from latent_moe_fusion.ops.gluon_kernels import DEFAULT_MMA, MMA_ENV, mma_mode
-
-    monkeypatch.delenv(MMA_ENV, raising=False)
-    assert (mma_mode("l1"), mma_mode("l2")) == DEFAULT_MMA
-    monkeypatch.setenv(MMA_ENV, "chunks")
-    assert (mma_mode("l1"), mma_mode("l2")) == ("chunks", "chunks")
-    monkeypatch.setenv(MMA_ENV, "deferred, sync")
-    assert (mma_mode("l1"), mma_mode("l2")) == ("deferred", "sync")
-
-
-@pytest.mark.parametrize("value", ["async", "sync,chunks,deferred", "chunks,"])
-def test_an_unknown_mma_mode_says_what_it_takes(value, monkeypatch):
-    from latent_moe_fusion.ops.gluon_kernels import MMA_ENV, mma_mode
-
-    monkeypatch.setenv(MMA_ENV, value)
-    with pytest.raises(ValueError, match=f"{MMA_ENV}=.*expected one of sync, chunks, deferred"):
-        mma_mode("l1")

@@ -256,30 +256,3 @@ def test_tma_load_orders_give_the_same_bits(sizes, m, monkeypatch, rng_seed):
     assert torch.equal(run("early"), y_auto) and torch.equal(run("late"), y_auto)
     ref64 = routed64(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in p.routed_args()))
     assert rel_l2(y_auto.cpu(), ref64) < tolerance(torch.bfloat16)
-
-
-MMA_CASES = [(KIMI_RANK, 8), (KIMI_RANK, 16), (KIMI_RANK, 64), (SMALL, 32)]  # 16-row MMAs; 16/32; 32 and 64; 32-row
-
-
-@pytest.mark.parametrize("mma", ["chunks", "deferred", "chunks,deferred", "deferred,chunks"])
-@pytest.mark.parametrize("sizes,m", MMA_CASES, ids=[f"{'kimi' if s is KIMI_RANK else 'small'}-m{m}" for s, m in MMA_CASES])
-def test_tma_mma_modes_give_the_same_bits(sizes, m, mma, monkeypatch, rng_seed):
-    """The TMA ring's wgmma chunk by chunk asynchronously (LMF_MXFP4_MMA chunks / deferred) runs the same MMAs in
-    the same order on the same dequantised values as the synchronous step: the same bits, every element written
-    (NaN poison), against the float64 reference within bf16 tolerance."""
-    from dataclasses import replace
-
-    from latent_moe_fusion.ops.gluon_kernels import MMA_ENV, RING_ENV
-    from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config
-
-    monkeypatch.setenv(ENV_SWITCH, "1")
-    monkeypatch.setenv(RING_ENV, "tma")
-    p = make_problem(m, weight_format="mxfp4", routing="random", device="cuda", **sizes)
-    cfg = replace(pick_config(m * sizes["top_k"], "mxfp4", torch.bfloat16, sizes["num_experts"]), routed_gemv=False)
-
-    y_sync = _routed_with(monkeypatch, MMA_ENV, "sync", p, cfg)
-    y_mode = _routed_with(monkeypatch, MMA_ENV, mma, p, cfg)
-    assert not torch.isnan(y_mode).any()
-    assert torch.equal(y_mode, y_sync)
-    ref64 = routed64(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in p.routed_args()))
-    assert rel_l2(y_mode.cpu(), ref64) < tolerance(torch.bfloat16)

@@ -60,14 +60,6 @@ RING_ENV = "LMF_MXFP4_RING"  # tuning override: a WEIGHT_RINGS name for both ker
 # "auto" (after the step's barrier for 32-row MMAs, before its stage wait for 16-row ones), "early", "late".
 LOAD_ORDER_ENV = "LMF_MXFP4_LOAD_ORDER"
 LOAD_ORDERS = ("auto", "early", "late")
-# How the TMA ring's step runs its wgmma (lut_dequant.dequant_mma_chunks): "sync" (the whole step dequantised,
-# then its 8 wgmma per tile, waited for), "chunks" (32-wide kappa chunks, each chunk's wgmma issued asynchronously
-# while the next chunk is dequantised, all waited for at the step's end) or "deferred" (as chunks, the last chunk
-# waited for by the next step just before it rewrites the activation tile). All give the same bits; the loads and
-# cp.async rings run "sync". MMA_ENV overrides the default: one mode for both kernels or "L1,L2".
-MMA_ENV = "LMF_MXFP4_MMA"
-MMA_MODES = ("sync", "chunks", "deferred")
-DEFAULT_MMA = ("sync", "sync")
 # Register caps, for 4 CTAs of 4 warps (L1) and 3 of 8 warps (L2) per SM without spills (regs_sass.md): L1's
 # loads loop would take 151 registers and L2's unrolled rings up to 103 (its K-sliced loads, a single
 # token's rare path, spill 2 under the cap). L1's TMA ring takes 128 by itself but spills under an explicit
@@ -181,15 +173,6 @@ def load_order() -> str:
     return env_choice(LOAD_ORDER_ENV, LOAD_ORDERS) or "auto"
 
 
-def mma_mode(kernel: str) -> str:
-    """The TMA ring's MMA mode (MMA_MODES) for "l1" or "l2": MMA_ENV, DEFAULT_MMA when unset."""
-    raw = os.environ.get(MMA_ENV, "")
-    modes = _per_kernel(raw.replace(" ", "")) if raw else DEFAULT_MMA
-    if len(modes) != 2 or any(m not in MMA_MODES for m in modes):
-        raise ValueError(f"{MMA_ENV}={raw!r}: expected one of {', '.join(MMA_MODES)}, or two of them as L1,L2")
-    return modes[0 if kernel == "l1" else 1]
-
-
 def ring_for(ring: str, k_steps: int, split: int) -> str:
     """The ring a kernel call takes: a ring loop runs whole rounds of its stages (unrolled, one allocation per
     stage), so a K range that is no multiple of them takes the loads; so do K slices (a single token's few
@@ -300,7 +283,7 @@ def launch_routed_l1(
         latent // MXFP4_BLOCK, top_k, words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta),
         _words_descriptor(words, 16 * L1_WARPS, ring, dual=True),
         BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L1_WARPS, SIGNAL=signal, RING=kind, STAGES=stages,
-        ORDER=load_order(), MMA=mma_mode("l1"), maxnreg=max_registers("l1", kind, block_m),
+        ORDER=load_order(), maxnreg=max_registers("l1", kind, block_m),
     )
     if split > 1:
         launch_l1_finish(h_part, block_expert, act, n_rows, inter, h_part, act, 0, inter, beta, lin_beta, block_m,
@@ -337,5 +320,5 @@ def launch_routed_l2(
         act, words, w2_scale, sorted_pairs, block_expert, pairs, pairs.stride(0) if split > 1 else 0, latent, inter,
         inter // 8, inter // MXFP4_BLOCK, words.stride(0), w2_scale.stride(0), _words_descriptor(words, 16 * L2_WARPS, ring, dual=False),
         BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L2_WARPS, PDL=dependent, launch_pdl=dependent, RING=kind,
-        STAGES=stages, ORDER=load_order(), MMA=mma_mode("l2"), maxnreg=max_registers("l2", kind, block_m),
+        STAGES=stages, ORDER=load_order(), maxnreg=max_registers("l2", kind, block_m),
     )

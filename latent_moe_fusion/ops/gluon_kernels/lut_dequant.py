@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma
 
 # One half of a word: 4 codes -> two bf16x2 pairs times the scale, each handed out as two outputs: 16-bit
 # halves ({out}: "split"), or FP32 values, the bf16 bits widened ("f32": for CUDA-core FMAs, which take FP32
@@ -196,79 +196,3 @@ def dequant_mma(words, scales, buf, acc, BM: gl.constexpr, BN: gl.constexpr, BK:
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
     a_reg = gl.convert_layout(dequant_kappa(words, scales.to(gl.int32), BN, BK), a_l, assert_trivial=True)
     return warpgroup_mma(a_reg, buf.permute((1, 0)), acc)
-
-
-# MMA modes of the register-dequant steps (gluon_kernels.MMA_MODES): "sync" dequantises the whole 128-wide k step,
-# then runs its 8 wgmma and waits; "chunks" dequantises one 32-wide kappa chunk (one word of each thread's four)
-# at a time and issues its 2 wgmma asynchronously, so that the tensor cores work on chunk c while the thread
-# expands chunk c + 1. Same products, same order of accumulation: the same bits.
-
-
-@gluon.jit
-def _word_chunks(words, BN: gl.constexpr):
-    """[BN, BK/8] per-thread words (thread q: words 4q + w) -> the four [BN, 4] tensors of w = 0 .. 3."""
-    x = gl.reshape(words, [BN, 4, 2, 2])  # (n, q, w1, w0)
-    even, odd = gl.split(x)  # w0 = 0 / 1: [BN, 4, 2] (n, q, w1)
-    w0, w2 = gl.split(even)
-    w1, w3 = gl.split(odd)
-    return w0, w1, w2, w3
-
-
-@gluon.jit
-def _dequant_chunk(word, factor, BN: gl.constexpr):
-    """[BN, 4] words (word w of each thread q), bf16x2 factors -> [BN, 32] bf16 in the order of kappa 32 w ..
-    32 w + 31 (16 c0 + 8 h + 2 q + e), times 2^-WINDOW."""
-    o0, o1, o2, o3, o4, o5, o6, o7 = codes_to_bf16(word, factor)
-    y0 = gl.join(gl.join(o0, o1), gl.join(o2, o3))  # [BN, q, c0, h] for e = 0
-    y1 = gl.join(gl.join(o4, o5), gl.join(o6, o7))
-    w = gl.join(y0, y1)  # [BN, q, c0, h, e]
-    w = gl.permute(w, [0, 2, 3, 1, 4])  # (n, c0, h, q, e)
-    return gl.reshape(w, [BN, 32])
-
-
-@gluon.jit
-def _chunk_mma(word, factor, buf, acc, c: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NW: gl.constexpr):
-    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
-    a = gl.convert_layout(_dequant_chunk(word, factor, BN), a_l, assert_trivial=True)
-    return a, warpgroup_mma(a, buf.slice(32 * c, 32, dim=1).permute((1, 0)), acc, is_async=True)
-
-
-@gluon.jit
-def dequant_mma_chunks(words, scales, words2, scales2, buf, acc, acc2, DUAL: gl.constexpr, BM: gl.constexpr,
-                       BN: gl.constexpr, NW: gl.constexpr, LAST: gl.constexpr = 0):
-    """dequant_mma of one k step (and of the second tile if DUAL) chunk by chunk with asynchronous wgmma: chunk c's
-    registers stay live (wait deps) until the wait after chunk c + 1's issue. LAST = 0: returns with every MMA
-    done; else the last chunk's LAST wgmma groups may still run and its A registers (returned) must stay live
-    until the caller's wait."""
-    f, _, _, _ = _word_chunks(scale_factors(scales.to(gl.int32)), BN)  # a thread's 4 words share one scale
-    w0, w1, w2, w3 = _word_chunks(words, BN)
-    f2 = f
-    v0, v1, v2, v3 = w0, w1, w2, w3
-    if DUAL:
-        f2, _, _, _ = _word_chunks(scale_factors(scales2.to(gl.int32)), BN)
-        v0, v1, v2, v3 = _word_chunks(words2, BN)
-    a, acc = _chunk_mma(w0, f, buf, acc, 0, BM, BN, NW)
-    b = a
-    if DUAL:
-        b, acc2 = _chunk_mma(v0, f2, buf, acc2, 0, BM, BN, NW)
-    a1, acc = _chunk_mma(w1, f, buf, acc, 1, BM, BN, NW)
-    if DUAL:
-        b1, acc2 = _chunk_mma(v1, f2, buf, acc2, 1, BM, BN, NW)
-        acc, acc2, a1, b1, a, b = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2, a1, b1, a, b))
-    else:
-        acc, a1, a = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a1, a))
-    a2, acc = _chunk_mma(w2, f, buf, acc, 2, BM, BN, NW)
-    if DUAL:
-        b2, acc2 = _chunk_mma(v2, f2, buf, acc2, 2, BM, BN, NW)
-        acc, acc2, a2, b2, a1, b1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2, a2, b2, a1, b1))
-    else:
-        acc, a2, a1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a2, a1))
-    a3, acc = _chunk_mma(w3, f, buf, acc, 3, BM, BN, NW)
-    b3 = a3
-    if DUAL:
-        b3, acc2 = _chunk_mma(v3, f2, buf, acc2, 3, BM, BN, NW)
-        acc, acc2, a3, b3, a2, b2 = warpgroup_mma_wait(num_outstanding=LAST, deps=(acc, acc2, a3, b3, a2, b2))
-    else:
-        acc, a3, a2 = warpgroup_mma_wait(num_outstanding=LAST, deps=(acc, a3, a2))
-    return acc, acc2, a3, b3

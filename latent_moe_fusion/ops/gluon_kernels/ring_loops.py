@@ -20,10 +20,10 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from ..triton_kernels.gdc import wait_own_copies_0, wait_own_copies_2
-from .lut_dequant import dequant_mma, dequant_mma_chunks, to_kappa, words_layout
+from .lut_dequant import dequant_mma, to_kappa, words_layout
 
 
 @gluon.jit
@@ -95,7 +95,7 @@ def _tile_words(stage, t: gl.constexpr, DUAL: gl.constexpr, layout: gl.constexpr
 @gluon.jit
 def _tma_step(u: gl.constexpr, i, ws, rs, buf, w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, n_steps,
               sc, sc2, act, acc, acc2, DUAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-              NW: gl.constexpr, ORDER: gl.constexpr, MMA: gl.constexpr = "sync"):
+              NW: gl.constexpr, ORDER: gl.constexpr):
     STAGES: gl.constexpr = 4
     words_l: gl.constexpr = words_layout(BN, BK, NW)
     # When the next step's scales and activation tile are issued: see _next_scales_act.
@@ -127,52 +127,15 @@ def _tma_step(u: gl.constexpr, i, ws, rs, buf, w_desc, w_row, s_ptrs, s2_ptrs, a
     tma.async_copy_global_to_shared(w_desc, _ring_coord(w_row, k_begin + refill * BK, DUAL), rs[prev], ws[prev],
                                     pred=(i >= 1) & (refill < n_steps))
     mbarrier.expect(rs[u], w_desc.block_type.nbytes, pred=i + STAGES < n_steps)
-    if MMA == "chunks":
-        acc, acc2, _, _ = dequant_mma_chunks(wd, sc, wd2, sc2, buf, acc, acc2, DUAL, BM, BN, NW)
-    else:
-        acc = dequant_mma(wd, sc, buf, acc, BM, BN, BK, NW)
-        if DUAL:
-            acc2 = dequant_mma(wd2, sc2, buf, acc2, BM, BN, BK, NW)
+    acc = dequant_mma(wd, sc, buf, acc, BM, BN, BK, NW)
+    if DUAL:
+        acc2 = dequant_mma(wd2, sc2, buf, acc2, BM, BN, BK, NW)
     return sc_nx, sc2_nx, act_nx, acc, acc2
 
 
 @gluon.jit
-def _tma_step_deferred(u: gl.constexpr, i, ws, rs, buf, w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end,
-                       n_steps, sc, sc2, act, acc, acc2, pa, pb, DUAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                       BK: gl.constexpr, NW: gl.constexpr, ORDER: gl.constexpr):
-    """_tma_step with the MMA mode "deferred": the step's last chunk of wgmma still runs when it returns (its A
-    registers pa, pb carried to the next step), and the next step waits for it only before it rewrites the
-    activation tile that chunk reads."""
-    STAGES: gl.constexpr = 4
-    words_l: gl.constexpr = words_layout(BN, BK, NW)
-    LATE: gl.constexpr = ORDER == "late" or (ORDER == "auto" and BM > 16)
-    if not LATE:
-        sc_nx, sc2_nx, act_nx = _next_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, i, DUAL, BK)
-    mbarrier.wait(rs[u], (i // STAGES) & 1)
-    wd = _tile_words(ws[u], 0, DUAL, words_l)
-    wd2 = wd
-    if DUAL:
-        wd2 = _tile_words(ws[u], 1, DUAL, words_l)
-    acc, acc2, pa, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, pa, pb))
-    buf.store(to_kappa(act, BM, BK))
-    fence_async_shared()
-    gl.thread_barrier()
-    if LATE:
-        sc_nx, sc2_nx, act_nx = _next_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, i, DUAL, BK)
-    prev: gl.constexpr = (u + STAGES - 1) % STAGES
-    refill = i + STAGES - 1
-    tma.async_copy_global_to_shared(w_desc, _ring_coord(w_row, k_begin + refill * BK, DUAL), rs[prev], ws[prev],
-                                    pred=(i >= 1) & (refill < n_steps))
-    mbarrier.expect(rs[u], w_desc.block_type.nbytes, pred=i + STAGES < n_steps)
-    LAST: gl.constexpr = 2 if DUAL else 1
-    acc, acc2, pa, pb = dequant_mma_chunks(wd, sc, wd2, sc2, buf, acc, acc2, DUAL, BM, BN, NW, LAST)
-    return sc_nx, sc2_nx, act_nx, acc, acc2, pa, pb
-
-
-@gluon.jit
 def mainloop_tma(w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, DUAL: gl.constexpr,
-                 BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr, ORDER: gl.constexpr,
-                 MMA: gl.constexpr = "sync"):
+                 BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr, ORDER: gl.constexpr):
     """_mainloop with the weight words streamed by TMA through a ring of 4 shared-memory stages (3 k
     steps ahead per program, independent of registers) instead of 16-byte loads one step ahead. Unrolled
     by 4, every stage and barrier its own allocation: two CTA barriers per step, both for the activation
@@ -194,22 +157,11 @@ def mainloop_tma(w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end,
     acc = gl.zeros([BN, BM], gl.float32, layout=mma_l)
     acc2 = gl.zeros([BN, BM], gl.float32, layout=mma_l)
     sc, sc2, act = load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, DUAL)
-    if MMA == "deferred":
-        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
-        pa = gl.zeros([BN, 32], gl.bfloat16, layout=a_l)
-        pb = pa
-        for i0 in range(0, n_steps, STAGES):
-            for u in gl.static_range(STAGES):
-                sc, sc2, act, acc, acc2, pa, pb = _tma_step_deferred(
-                    u, i0 + u, ws, rs, buf, w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, n_steps,
-                    sc, sc2, act, acc, acc2, pa, pb, DUAL, BM, BN, BK, NW, ORDER)
-        acc, acc2, pa, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, pa, pb))
-    else:
-        for i0 in range(0, n_steps, STAGES):
-            for u in gl.static_range(STAGES):
-                sc, sc2, act, acc, acc2 = _tma_step(u, i0 + u, ws, rs, buf, w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs,
-                                                    a_mask, k_begin, k_end, n_steps, sc, sc2, act, acc, acc2, DUAL, BM,
-                                                    BN, BK, NW, ORDER, MMA)
+    for i0 in range(0, n_steps, STAGES):
+        for u in gl.static_range(STAGES):
+            sc, sc2, act, acc, acc2 = _tma_step(u, i0 + u, ws, rs, buf, w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask,
+                                                k_begin, k_end, n_steps, sc, sc2, act, acc, acc2, DUAL, BM, BN, BK, NW,
+                                                ORDER)
     return acc, acc2
 
 

@@ -100,12 +100,12 @@ def _mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, 
 @gluon.jit
 def _weight_mainloop(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, w_desc, w_row, a_ptrs, a_mask, k_begin, k_end,
                      DUAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr,
-                     RING: gl.constexpr, STAGES: gl.constexpr, ORDER: gl.constexpr, MMA: gl.constexpr):
+                     RING: gl.constexpr, STAGES: gl.constexpr, ORDER: gl.constexpr):
     """The K loop with the weight words by the loads or through a ring (ring_loops.py); the FP32 sums
     times 2^WINDOW, undoing the dequantiser's offset (exact)."""
     if RING == "tma":
         acc, acc2 = mainloop_tma(w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, DUAL, BM, BN, BK, NW,
-                                 ORDER, MMA)
+                                 ORDER)
     elif RING == "cp":
         acc, acc2 = mainloop_cp(w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, DUAL, BM, BN, BK, NW,
                                 STAGES)
@@ -130,8 +130,7 @@ def _k_slice(K, k_index, SPLIT: gl.constexpr, BK: gl.constexpr):
 @gluon.jit
 def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, w_desc, w_row, sorted_ptr, act_ptr, h_part_ptr, n_rows,
              k_index, row0, n0, inter, K, top_k, beta, lin_beta, ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-             NW: gl.constexpr, SPLIT: gl.constexpr, RING: gl.constexpr, STAGES: gl.constexpr, ORDER: gl.constexpr,
-             MMA: gl.constexpr):
+             NW: gl.constexpr, SPLIT: gl.constexpr, RING: gl.constexpr, STAGES: gl.constexpr, ORDER: gl.constexpr):
     """act[row0 .. row0 + ROWS, n0 .. n0 + BN] = bf16(SiTU(gate, up)) of the rows' tokens; with SPLIT > 1
     this K slice's FP32 gate and up sums into h_part[slice, rows, n (gate) | inter + n (up)] instead."""
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, ROWS, 16])
@@ -144,7 +143,7 @@ def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, w_desc, w_row, sorted_pt
     a_mask = (pair >= 0)[:, None] & (ak >= 0)[None, :]
     k_begin, k_end = _k_slice(K, k_index, SPLIT, BK)
     g, u = _weight_mainloop(wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, w_desc, w_row, a_ptrs, a_mask, k_begin, k_end, True,
-                            ROWS, BN, BK, NW, RING, STAGES, ORDER, MMA)
+                            ROWS, BN, BK, NW, RING, STAGES, ORDER)
     on = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
     om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma_l))
     if SPLIT == 1:
@@ -161,7 +160,7 @@ def _l1_rows(z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, w_desc, w_row, sorted_pt
 @gluon.jit
 def _l2_rows(act_ptr, w_ptrs, s_ptrs, w_desc, w_row, sorted_ptr, pairs_ptr, slice_stride, k_index, row0, n0, latent,
              K, ROWS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr, SPLIT: gl.constexpr,
-             RING: gl.constexpr, STAGES: gl.constexpr, ORDER: gl.constexpr, MMA: gl.constexpr):
+             RING: gl.constexpr, STAGES: gl.constexpr, ORDER: gl.constexpr):
     """pairs[pair of row, n0 .. n0 + BN] = act[row] @ W2^T for the valid rows of row0 .. row0 + ROWS
     (with SPLIT > 1: this K slice's sum, at pairs + slice * slice_stride)."""
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, ROWS, 16])
@@ -172,7 +171,7 @@ def _l2_rows(act_ptr, w_ptrs, s_ptrs, w_desc, w_row, sorted_ptr, pairs_ptr, slic
     a_mask = (am >= 0)[:, None] & (ak >= 0)[None, :]
     k_begin, k_end = _k_slice(K, k_index, SPLIT, BK)
     acc, _ = _weight_mainloop(w_ptrs, s_ptrs, w_ptrs, s_ptrs, w_desc, w_row, a_ptrs, a_mask, k_begin, k_end, False,
-                              ROWS, BN, BK, NW, RING, STAGES, ORDER, MMA)
+                              ROWS, BN, BK, NW, RING, STAGES, ORDER)
     if SPLIT > 1:
         pairs_ptr += k_index.to(gl.int64) * slice_stride
     store_pair_rows(acc, pairs_ptr, sorted_ptr, row0, n0, latent, mma_l, ROWS, BN)
@@ -218,7 +217,7 @@ def l1_regs_kernel(
     z_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, h_part_ptr, n_rows, inter, K, row_words, row_scales,
     top_k, stride_we, stride_se, beta, lin_beta, w_desc,
     BM: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr, SIGNAL: gl.constexpr = False,
-    RING: gl.constexpr = "loads", STAGES: gl.constexpr = 0, ORDER: gl.constexpr = "auto", MMA: gl.constexpr = "sync",
+    RING: gl.constexpr = "loads", STAGES: gl.constexpr = 0, ORDER: gl.constexpr = "auto",
 ):
     if SIGNAL:  # the dependent finish / L2 may launch now (they wait for this kernel's end)
         release_dependents()
@@ -234,17 +233,17 @@ def l1_regs_kernel(
         args = (z_ptr, wg_ptrs, sg_ptrs, wu_ptrs, su_ptrs, w_desc, w_row, sorted_ptr, act_ptr, h_part_ptr, n_rows,
                 k_index, blk * BM, n0, inter, K, top_k, beta, lin_beta)
         if BM == 16:
-            _l1_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES, ORDER, MMA)
+            _l1_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
         else:
             valid = _valid_rows(sorted_ptr, blk * BM, BM, NW)
             if valid <= 16:
-                _l1_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES, ORDER, MMA)
+                _l1_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
             elif BM == 32:
-                _l1_rows(*args, 32, BN, BK, NW, SPLIT, RING, STAGES, ORDER, MMA)
+                _l1_rows(*args, 32, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
             elif valid <= 32:
-                _l1_rows(*args, 32, BN, BK, NW, SPLIT, RING, STAGES, ORDER, MMA)
+                _l1_rows(*args, 32, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
             else:
-                _l1_rows(*args, BM, BN, BK, NW, SPLIT, RING, STAGES, ORDER, MMA)
+                _l1_rows(*args, BM, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
 
 
 @gluon.jit
@@ -252,7 +251,7 @@ def l2_regs_kernel(
     act_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, slice_stride, latent, K, row_words, row_scales,
     stride_we, stride_se, w_desc,
     BM: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
-    RING: gl.constexpr = "loads", STAGES: gl.constexpr = 0, ORDER: gl.constexpr = "auto", MMA: gl.constexpr = "sync",
+    RING: gl.constexpr = "loads", STAGES: gl.constexpr = 0, ORDER: gl.constexpr = "auto",
 ):
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
@@ -275,14 +274,14 @@ def l2_regs_kernel(
         args = (act_ptr, w_ptrs, s_ptrs, w_desc, w_row, sorted_ptr, pairs_ptr, slice_stride, k_index, blk * BM, n0,
                 latent, K)
         if BM == 16:
-            _l2_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES, ORDER, MMA)
+            _l2_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
         else:  # the same test as L1 on the same block: L1 wrote every row this reads
             valid = _valid_rows(sorted_ptr, blk * BM, BM, NW)
             if valid <= 16:
-                _l2_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES, ORDER, MMA)
+                _l2_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
             elif BM == 32:
-                _l2_rows(*args, 32, BN, BK, NW, SPLIT, RING, STAGES, ORDER, MMA)
+                _l2_rows(*args, 32, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
             elif valid <= 32:
-                _l2_rows(*args, 32, BN, BK, NW, SPLIT, RING, STAGES, ORDER, MMA)
+                _l2_rows(*args, 32, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
             else:
-                _l2_rows(*args, BM, BN, BK, NW, SPLIT, RING, STAGES, ORDER, MMA)
+                _l2_rows(*args, BM, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
