@@ -26,8 +26,10 @@ def block():
 def fused(block):
     fpass = lmf.LatentMoEFusionPass()
     torch._dynamo.reset()
-    with torch._inductor.config.patch(fx_graph_cache=False):
-        fn = torch.compile(block, options={"post_grad_custom_pre_pass": fpass}, dynamic=False)
+    # torch.compile is lazy: the cache switch goes in its options, which hold for every compile it runs later (a
+    # config.patch around the call would be over before the first compile, and a graph another process cached
+    # would then be served without running the pass, leaving its report empty).
+    fn = torch.compile(block, options={"post_grad_custom_pre_pass": fpass, "fx_graph_cache": False}, dynamic=False)
     return fn, fpass
 
 
