@@ -40,6 +40,7 @@ COLUMNS = {"gpu__time_duration.sum": "ncu_us", "smsp__issue_active.avg.pct_of_pe
            "sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active": "fma_pipe_pct",
            "sm__warps_active.avg.per_cycle_active": "warps_per_sm",
            "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct"}
+_TO_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio")
 
 
@@ -82,7 +83,9 @@ def parse(text: str) -> list[dict]:
             continue
         value = parts[-1].replace(",", "")
         if parts[0] in COLUMNS:
-            rows[-1][COLUMNS[parts[0]]] = float(value)
+            # ncu picks the duration's unit per kernel (ns, us, ms, s): the column is in us
+            scale = _TO_US.get(parts[1], 1.0) if parts[0] == "gpu__time_duration.sum" and len(parts) == 3 else 1.0
+            rows[-1][COLUMNS[parts[0]]] = float(value) * scale
         elif (stall := STALL.fullmatch(parts[0])) is not None:
             rows[-1]["stalls"][stall.group(1)] = float(value)
     return rows

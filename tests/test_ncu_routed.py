@@ -40,3 +40,17 @@ def test_summary_gives_a_row_per_kernel():
     rows = summarize("8", "mma", RAW + l2)
     assert [r["kernel"] for r in rows] == ["routed_gemv_l1_kernel", "l2_regs_kernel"]
     assert all(r["ncu_us"] == 33.44 for r in rows)
+
+
+def test_durations_in_other_units_come_out_in_us():
+    rows = parse(RAW.replace("us         33.44", "ms          1.09").replace("us          4.00", "ns        900.00"))
+    assert [r["ncu_us"] for r in rows] == [0.9, 1090.0]
+
+
+def test_the_staged_profile_reads_its_extra_metrics_per_kernel():
+    from bench.ncu_staged import extra_values
+
+    staged = RAW.replace("routed_gemv_l1_kernel (3072", "l1_staged_kernel (29952").replace(
+        "    smsp__issue_active", "    sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active   %   44.38\n"
+        "    l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum      8,102,441\n    smsp__issue_active")
+    assert extra_values(staged) == [{}, {"tensor_pipe_pct": 44.38, "smem_bank_conflicts": 8102441.0}]
