@@ -37,6 +37,8 @@ BENCHMARKS = (
     ("routed_gemv.py", (), None),  # a few decode tokens' routed experts: CUDA-core GEMV against the MMA kernels
     ("routed_gemv_sass.py", (), None),  # static SASS of the GEMV kernels' K loop (no GPU needed)
     ("ncu_routed.py", (), "tool:ncu"),  # hardware counters of the routed L1 kernels (Nsight Compute)
+    ("dequant_whatif.py", (), None),  # timing-only: the kernels with a cheaper (wrong) dequantiser, decode + prefill
+    ("dequant_encodings.py", (), None),  # exhaustive: what a repacked word could save the dequantiser (no GPU needed)
     ("regs_split.py", (), None),
     ("regs_sass.py", (), None),
     ("shared_strategy.py", (), None),
@@ -58,6 +60,7 @@ BENCHMARKS = (
     ("prefill_blocks.py", (), None),  # the staged 128-row blocks against the 64-row register-dequant blocks
     ("prefill_blocks.py", ("--staged-max-registers", "none", "--name", "prefill_blocks_one_cta"), None),  # 1 CTA / SM
     ("staged_sass.py", (), None),  # static SASS of the staged kernels' k loop (no GPU needed)
+    ("ncu_staged.py", (), "tool:ncu"),  # hardware counters and stalls of the staged kernels (Nsight Compute)
     ("shared_in_line_order.py", (), None),  # the producer's in-line shared GEMMs before the grouping or after L1
     ("decode_tuning.py", (), None),  # decode knobs (PDL sites, prefetch, shared-expert programs, ...) on the block
     ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "128", "--knobs", "LMF_SHARED_FIRST", "--rounds",
