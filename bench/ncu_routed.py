@@ -44,6 +44,20 @@ _TO_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "ms
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio")
 
 
+NCU_TOOL = "ncu --clock-control none --page raw (durations: serialised, caches flushed)"
+
+
+def profile(script: str, kernels: str, metrics: str, driver_args: list[str], timeout: int = 600) -> str:
+    """The raw page of `ncu` (clocks left as they are, only the launches between cudaProfilerStart and Stop) over
+    `python script --driver *driver_args`, for the kernels whose names match the regex `kernels`."""
+    cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "-k", f"regex:{kernels}", "--page", "raw",
+           "--metrics", metrics, sys.executable, script, "--driver", *driver_args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise SystemExit(f"ncu failed for {' '.join(driver_args)}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
 def drive(m: int, mode: str) -> None:
     """The routed op on two routings; the second runs between cudaProfilerStart and Stop."""
     import torch
@@ -118,18 +132,13 @@ def main() -> None:
     for m, mode in CASES:
         if args.m and int(m) not in args.m:
             continue
-        cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "-k", f"regex:{KERNELS}",
-               "--page", "raw", "--metrics", METRICS, sys.executable, __file__, "--driver", m, mode]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise SystemExit(f"ncu failed for M = {m} {mode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-        rows += summarize(m, mode, done.stdout)
+        rows += summarize(m, mode, profile(__file__, KERNELS, METRICS, [m, mode]))
         print(rows[-1], flush=True)
     write_results(args.name, rows, ["M", "variant", "kernel", "threads", *COLUMNS.values(), "top_stalls"],
-                  environment() | {"tool": "ncu --clock-control none --page raw (durations: serialised, caches flushed)"},
-                  args.out, notes="issue_pct: issue slots busy (active cycles); alu_pipe_pct / fma_pipe_pct: "
-                                  "instructions executed on those pipes against their peak; top_stalls: warp cycles "
-                                  "stalled per issued instruction, by reason.")
+                  environment() | {"tool": NCU_TOOL}, args.out,
+                  notes="issue_pct: issue slots busy (active cycles); alu_pipe_pct / fma_pipe_pct: instructions executed "
+                        "on those pipes against their peak; top_stalls: warp cycles stalled per issued instruction, by "
+                        "reason.")
 
 
 if __name__ == "__main__":

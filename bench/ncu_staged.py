@@ -11,13 +11,12 @@ third launch is profiled. ncu serialises kernels and flushes caches: read the ra
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.ncu_routed import COLUMNS, METRICS, summarize  # noqa: E402
+from bench.ncu_routed import COLUMNS, METRICS, NCU_TOOL, profile, summarize  # noqa: E402
 
 EXTRA = {"sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor_pipe_pct",
          "smsp__warps_eligible.avg.per_cycle_active": "eligible_warps",
@@ -80,20 +79,16 @@ def main() -> None:
         return
     from bench.common import environment, write_results
 
-    cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "-k", "regex:staged", "--page", "raw",
-           "--metrics", ",".join([METRICS, *EXTRA]), sys.executable, __file__, "--driver", str(args.m), args.routing]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        raise SystemExit(f"ncu failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    rows = summarize(str(args.m), args.routing, done.stdout)
-    for row, extra in zip(rows, extra_values(done.stdout), strict=True):
+    raw = profile(__file__, "staged", ",".join([METRICS, *EXTRA]), [str(args.m), args.routing])
+    rows = summarize(str(args.m), args.routing, raw)
+    for row, extra in zip(rows, extra_values(raw), strict=True):
         row.update(extra)
         print(row, flush=True)
     write_results(args.name, rows, ["M", "variant", "kernel", "threads", *COLUMNS.values(), *EXTRA.values(), "top_stalls"],
-                  environment() | {"tool": "ncu --clock-control none --page raw (durations: serialised, caches flushed)"},
-                  args.out, notes="variant: the routing. issue_pct: issue slots busy (active cycles); tensor_pipe_pct: "
-                                  "tensor pipe active against its peak; eligible_warps: per scheduler and cycle; "
-                                  "top_stalls: warp cycles stalled per issued instruction, by reason.")
+                  environment() | {"tool": NCU_TOOL}, args.out,
+                  notes="variant: the routing. issue_pct: issue slots busy (active cycles); tensor_pipe_pct: tensor pipe "
+                        "active against its peak; eligible_warps: per scheduler and cycle; top_stalls: warp cycles "
+                        "stalled per issued instruction, by reason.")
 
 
 if __name__ == "__main__":
