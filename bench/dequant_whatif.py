@@ -4,7 +4,8 @@ Bounds what a cheaper expansion of MXFP4 codes could buy the register-dequant (d
 kernels. Each variant runs in a process of its own (Triton caches the compiled text): the swap happens before the
 first compile (lut_dequant._PAIRS_TEXT), then bench/routed_ring.py (decode: the TMA rings at M = 8 / 32 / 128) or
 bench/prefill_blocks.py (prefill: EP share and all local at M = 4096) runs as usual. The outputs are wrong on
-purpose: read only the times. Variants run in alternating rounds, the library's own text first and last.
+purpose: read only the times. Each variant runs once, the library's own text first and last (their spread is
+the run's noise).
 
     PYTHONPATH=. python3 bench/dequant_whatif.py --out bench/results [--targets decode prefill] [--rounds 2]
         [--variants head nodequant noscale half iadd f16mul bf16fma]
@@ -126,7 +127,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--targets", nargs="+", default=list(TARGETS), choices=list(TARGETS))
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    ap.add_argument("--rounds", type=int, default=2, help="rounds per variant (decode: routed_ring's own rounds)")
+    ap.add_argument("--rounds", type=int, default=2, help="routed_ring's alternating rounds within a decode run")
     args = ap.parse_args()
     from bench.common import environment, write_results
 
