@@ -39,6 +39,7 @@ BENCHMARKS = (
     ("ncu_routed.py", (), "tool:ncu"),  # hardware counters of the routed L1 kernels (Nsight Compute)
     ("dequant_whatif.py", (), None),  # timing-only: the kernels with a cheaper (wrong) dequantiser, decode + prefill
     ("dequant_encodings.py", (), None),  # exhaustive: what a repacked word could save the dequantiser (no GPU needed)
+    ("fp8_split_numerics.py", (), None),  # how far FP8 MMAs on split bf16 activations would move the numbers (CPU)
     ("regs_split.py", (), None),
     ("regs_sass.py", (), None),
     ("shared_strategy.py", (), None),
