@@ -19,7 +19,6 @@ measures, on the Kimi K3 latent sizes (L1: 6144 x 3584 codes per expert, K = 358
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import rel_l2  # noqa: E402
+from bench.common import environment, rel_l2, write_results  # noqa: E402
 from latent_moe_fusion.ops.mxfp4 import BLOCK, dequantize_mxfp4, quantize_mxfp4  # noqa: E402
 
 E4M3_MAX = 448.0
@@ -107,22 +106,14 @@ def main() -> None:
     rows = [measure(args.rows, args.k, args.tokens, gain, gen) for gain in args.outliers]
     for r in rows:
         print(r, flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fp8_split_numerics.json").write_text(json.dumps({"rows": rows}, indent=1) + "\n")
-    cols = list(rows[0])
-    lines = ["# fp8_split_numerics: the routed L1 product through FP8 MMAs, against float64 (CPU model)", "",
-             "Weights N(0, 0.02) quantised to MXFP4; activations N(0, 1) in bf16, 1 % of channels scaled by the "
-             "outlier gain; per-token power-of-two factor so the largest |a| meets e4m3's 448. `bf16_path`: what the "
-             "library computes (exact products, FP32 sums). `fp8_split`: a_hi + a_lo, exact block sums; `_acc14`: "
-             "block sums rounded to 14 mantissa bits (a model of Hopper's FP8 accumulator); `fp8_hi_only`: one FP8 "
-             "part only. `bf16_output_rounding`: the float64 product rounded to bf16 once, for scale (the op's outputs "
-             "are bf16).", "",
-             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |"
-              for r in rows]
-    (out / "fp8_split_numerics.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    meta = environment() | {
+        "model": "weights N(0, 0.02) quantised to MXFP4; activations N(0, 1) in bf16, 1 % of channels scaled by the "
+                 "outlier gain; per-token power-of-two factor so the largest |a| meets e4m3's 448"}
+    write_results("fp8_split_numerics", rows, list(rows[0]), meta, args.out,
+                  notes="`bf16_path`: what the library computes (exact products, FP32 sums). `fp8_split`: a_hi + a_lo, "
+                        "exact block sums; `_acc14`: block sums rounded to 14 mantissa bits (a model of Hopper's FP8 "
+                        "accumulator); `fp8_hi_only`: one FP8 part only. `bf16_output_rounding`: the float64 product "
+                        "rounded to bf16 once, for scale (the op's outputs are bf16).")
 
 
 if __name__ == "__main__":

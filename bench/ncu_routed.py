@@ -45,6 +45,8 @@ STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.r
 
 
 NCU_TOOL = "ncu --clock-control none --page raw (durations: serialised, caches flushed)"
+NCU_NOTES = ("issue_pct: issue slots busy (active cycles); alu_pipe_pct / fma_pipe_pct: instructions executed on those "
+             "pipes against their peak; top_stalls: warp cycles stalled per issued instruction, by reason.")
 
 
 def profile(script: str, kernels: str, metrics: str, driver_args: list[str], timeout: int = 600) -> str:
@@ -135,10 +137,7 @@ def main() -> None:
         rows += summarize(m, mode, profile(__file__, KERNELS, METRICS, [m, mode]))
         print(rows[-1], flush=True)
     write_results(args.name, rows, ["M", "variant", "kernel", "threads", *COLUMNS.values(), "top_stalls"],
-                  environment() | {"tool": NCU_TOOL}, args.out,
-                  notes="issue_pct: issue slots busy (active cycles); alu_pipe_pct / fma_pipe_pct: instructions executed "
-                        "on those pipes against their peak; top_stalls: warp cycles stalled per issued instruction, by "
-                        "reason.")
+                  environment() | {"tool": NCU_TOOL}, args.out, notes=NCU_NOTES)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.ncu_routed import COLUMNS, METRICS, NCU_TOOL, profile, summarize  # noqa: E402
+from bench.ncu_routed import COLUMNS, METRICS, NCU_NOTES, NCU_TOOL, profile, summarize  # noqa: E402
 
 EXTRA = {"sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor_pipe_pct",
          "smsp__warps_eligible.avg.per_cycle_active": "eligible_warps",
@@ -86,9 +86,8 @@ def main() -> None:
         print(row, flush=True)
     write_results(args.name, rows, ["M", "variant", "kernel", "threads", *COLUMNS.values(), *EXTRA.values(), "top_stalls"],
                   environment() | {"tool": NCU_TOOL}, args.out,
-                  notes="variant: the routing. issue_pct: issue slots busy (active cycles); tensor_pipe_pct: tensor pipe "
-                        "active against its peak; eligible_warps: per scheduler and cycle; top_stalls: warp cycles "
-                        "stalled per issued instruction, by reason.")
+                  notes="variant: the routing. tensor_pipe_pct: tensor pipe active against its peak; eligible_warps: per "
+                        "scheduler and cycle. " + NCU_NOTES)
 
 
 if __name__ == "__main__":
