@@ -322,3 +322,36 @@ def launch_routed_l2(
         BM=block_m, BK=STEP_K, SPLIT=split, num_warps=L2_WARPS, PDL=dependent, launch_pdl=dependent, RING=kind,
         STAGES=stages, ORDER=load_order(), maxnreg=max_registers("l2", kind, block_m),
     )
+
+
+FP8_BLOCK_ROWS = (8, 16, 32)
+FP8_WORDS_SWIZZLE = 64  # bytes: the FP8 kernels' 4-byte reads of a [rows, 16 words] stage are then conflict-free
+
+
+def launch_routed_l1_fp8(
+    z_hi: torch.Tensor, z_lo: torch.Tensor, col_factor: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
+    sorted_pairs: torch.Tensor, block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, block_m: int,
+    top_k: int, beta: float, lin_beta: float, mma: str = "pipe", maxnreg: int | None = None,
+) -> None:
+    """act[block rows, :I] = bf16(SiTU(gate, up)) on FP8 MMAs (routed_fp8.py; opt-in, not bitwise the bf16 path):
+    z_hi, z_lo, col_factor from ops.fp8_split.split_e4m3(z) (or its kernel, triton_kernels/fp8_split.py).
+    mma: how a step schedules its MMAs and waits (routed_fp8._step_mmas); maxnreg: a register cap (tuning)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .routed_fp8 import l1_fp8_kernel
+
+    latent, inter = z_hi.shape[1], w13.shape[1] // 2
+    if block_m not in FP8_BLOCK_ROWS or latent % (4 * STEP_K) or inter % (16 * L1_WARPS):
+        raise ValueError(f"the FP8 L1 takes blocks of {FP8_BLOCK_ROWS} rows (got {block_m}), L = {latent} a multiple of "
+                         f"{4 * STEP_K} and I = {inter} of {16 * L1_WARPS}")
+    words = w13.view(torch.int32)
+    view = words.view(words.shape[0] * 2, words.shape[1] // 2, words.shape[2])
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=FP8_WORDS_SWIZZLE, element_bitwidth=32, rank=3)
+    desc = TensorDescriptor(view, list(view.shape), list(view.stride()), [2, 16 * L1_WARPS, STEP_K // 8], layout)
+    grid = (num_blocks * (inter // (16 * L1_WARPS)),)
+    l1_fp8_kernel[grid](
+        z_hi, z_lo, col_factor, w13_scale, sorted_pairs, block_expert, act, inter, latent, latent // MXFP4_BLOCK,
+        top_k, w13_scale.stride(0), float(beta), float(lin_beta), desc, BM=block_m, BK=STEP_K, num_warps=L1_WARPS,
+        MMA=mma, maxnreg=maxnreg,
+    )
