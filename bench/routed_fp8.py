@@ -12,6 +12,7 @@ each other; every valid row must be written (outputs poisoned with NaN first).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -28,17 +29,20 @@ from latent_moe_fusion.ops.gluon_kernels import launch_routed_l1, launch_routed_
 from latent_moe_fusion.ops.mxfp4 import dequantize_mxfp4  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.fp8_split import launch_split_e4m3  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert  # noqa: E402
+from latent_moe_fusion.ops.triton_kernels.producer_config import ROUTED_FP8_ENV  # noqa: E402
 
 COLUMNS = ["M", "bm", "variant", "experts_hit", "l1_floor_us", "bf16_l1_us", "fp8_l1_us", "split_us", "fp8_vs_bf16",
            "bf16_x_floor", "fp8_x_floor", "fp8_with_split_x_floor", "bf16_err64", "fp8_err64", "fp8_vs_bf16_err",
-           "split_bitwise"]
+           "split_bitwise", "routed_bf16_us", "routed_fp8_us", "routed_fp8_vs_bf16", "routed_bf16_err", "routed_fp8_err"]
 NOTES = ("bf16_l1: the register-dequant L1 on the TMA ring (the default at these M); fp8_l1: the FP8 L1 "
          "(e2m1 codes as e4m3, activations split per token in two e4m3 parts, scales on the FP32 sums of each "
          "32-block; variant: its MMA schedule, routed_fp8._step_mmas, block rows after a comma, a register cap after a colon); split: the "
          "split kernel (triton_kernels/fp8_split.py) alone, split_bitwise: it equals ops.fp8_split.split_e4m3 bit for "
          "bit; *_err64: relative L2 error of the valid act "
          "rows against float64; times: medians over alternating rounds, each the CUDA-graph replay of one L1 per "
-         "input set")
+         "input set; routed_*: the whole routed op (run_experts as picked, its kernels one after another in the graph) "
+         "with LMF_ROUTED_FP8 unset and set (split, FP8 L1 and the bf16 L2 in 8-row blocks), *_err against the "
+         "FP32 reference of bench/routed_regs.py")
 
 
 def _situ64(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -127,10 +131,19 @@ def main() -> None:
         steps = {"bf16": bf16_l1, "split": split}
         for variant in args.variants:
             steps[variant] = lambda i, v=variant: fp8_l1(i, v)
-        times: dict[str, list[float]] = {name: [] for name in steps}
+        times: dict[str, list[float]] = {name: [] for name in (*steps, "routed_bf16", "routed_fp8")}
         for _ in range(args.rounds):
             for name, step in steps.items():
                 times[name].append(time_graph_ms(step, len(case.sets)) * 1e3)
+            for name, flag in (("routed_bf16", "0"), ("routed_fp8", "1")):  # the whole routed op, as picked
+                os.environ[ROUTED_FP8_ENV] = flag
+                times[name].append(time_graph_ms(case.routed_only, len(case.sets)) * 1e3)
+        os.environ.pop(ROUTED_FP8_ENV)
+        routed = {}
+        for name, flag in (("bf16", "0"), ("fp8", "1")):
+            os.environ[ROUTED_FP8_ENV] = flag
+            routed[name] = case.routed_only(0)
+        os.environ.pop(ROUTED_FP8_ENV)
         t = {k: statistics.median(v) for k, v in times.items()}
         for variant in args.variants:
             fbm = _variant(variant)[1] or bm
@@ -149,7 +162,9 @@ def main() -> None:
                    "fp8_with_split_x_floor": (t[variant] + t["split"]) / dc.l1_floor_us, "bf16_err64": err_b,
                    "fp8_err64": rel_l2(acts_f[fbm][0][f_rows], ref),
                    "fp8_vs_bf16_err": rel_l2(acts_f[fbm][0][f_rows], acts_b[0][valid].double()),
-                   "split_bitwise": split_same}
+                   "split_bitwise": split_same, "routed_bf16_us": t["routed_bf16"], "routed_fp8_us": t["routed_fp8"],
+                   "routed_fp8_vs_bf16": t["routed_bf16"] / t["routed_fp8"],
+                   "routed_bf16_err": rel_l2(routed["bf16"], dc.ref), "routed_fp8_err": rel_l2(routed["fp8"], dc.ref)}
             print(row, flush=True)
             rows.append(row)
     meta = environment() | {"copy_TBps": bw / 1e12, "routing": "1 token/row (bench/routed_regs.py)"}

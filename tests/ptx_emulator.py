@@ -2,7 +2,7 @@
 compiles is checked on the CPU (the Triton interpreter cannot run inline asm).
 
 Covers: mov.b32 (also the unpack form `mov.b32 {lo, hi}, r`), and.b32, or.b32, shl.b32, shr.b32
-(logical), mul.lo.u32, prmt.b32 (default mode) and mul.rn.bf16x2. Operands: named registers, $N arguments, decimal or hex immediates.
+(logical), lop3.b32, mul.lo.u32, prmt.b32 (default mode) and mul.rn.bf16x2. Operands: named registers, $N arguments, decimal or hex immediates.
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ def _prmt(a: int, b: int, c: int) -> int:
             byte = 0xFF if byte & 0x80 else 0
         out |= byte << (8 * i)
     return out
+
+
+def _lop3(a: int, b: int, c: int, lut: int) -> int:
+    """Bit i of the result: bit (a_i << 2 | b_i << 1 | c_i) of lut (PTX: lut = F(0xF0, 0xCC, 0xAA))."""
+    return sum(((lut >> (((a >> i) & 1) << 2 | ((b >> i) & 1) << 1 | ((c >> i) & 1))) & 1) << i for i in range(32))
 
 
 def _bf16_bits_to_f32(h: int) -> np.float32:
@@ -51,6 +56,7 @@ _OPS = {
     "or.b32": lambda x: x[0] | x[1],
     "shl.b32": lambda x: (x[0] << x[1]) & MASK,
     "shr.b32": lambda x: x[0] >> x[1],
+    "lop3.b32": lambda x: _lop3(*x),
     "mul.lo.u32": lambda x: x[0] * x[1],
     "prmt.b32": lambda x: _prmt(*x),
     "mul.rn.bf16x2": lambda x: _mul_bf16x2(*x),

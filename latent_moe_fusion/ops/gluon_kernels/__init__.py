@@ -18,6 +18,9 @@ from ..env import env_choice
 from ..mxfp4 import BLOCK as MXFP4_BLOCK
 
 ENV_SWITCH = "LMF_MXFP4_REGS"  # read by producer_config.regs_enabled too (the picked config)
+FP8_BLOCK_ROWS = (8, 16, 32)  # the FP8 L1's blocks (routed_fp8.py), and L2's beside it
+FP8_K_MULTIPLE = 4 * 128  # the FP8 L1's K: whole rounds of its 4-stage ring of 128-wide steps
+FP8_WORDS_SWIZZLE = 64  # bytes: the FP8 kernels' 4-byte reads of a [rows, 16 words] stage are then conflict-free
 BLOCK_ROWS = (16, 32, 64, 128)  # rows per expert block the kernels take (the MMA's N at most; decode: 16, 32)
 # A block runs the MMA with N = 16 or 32 on its first rows where no more of them hold a pair (routed_gemm.
 # _valid_rows). 64-row blocks serve beyond decode: each block dequantises its weights once for twice the rows.
@@ -117,9 +120,10 @@ def _gluon_importable() -> bool:
 
 def regs_path_reason(
     z: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor | None,
-    w2_scale: torch.Tensor | None, weight_format: str, block_m: int,
+    w2_scale: torch.Tensor | None, weight_format: str, block_m: int, fp8: bool = False,
 ) -> str | None:
-    """Why these routed GEMMs cannot run on the register-dequant kernels (None if they can)."""
+    """Why these routed GEMMs cannot run on the register-dequant kernels (None if they can); fp8: with the L1 on FP8
+    MMAs (launch_routed_l1_fp8)."""
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return f"{ENV_SWITCH}=0"
     if weight_format != "mxfp4":
@@ -130,9 +134,12 @@ def regs_path_reason(
         return "needs an sm_90 GPU (warpgroup MMA with a register operand)"
     if z.dtype != torch.bfloat16:
         return f"activations must be bfloat16, got {z.dtype}"
-    if block_m not in BLOCK_ROWS:
-        return f"blocks of {', '.join(map(str, BLOCK_ROWS))} rows only (this batch groups by {block_m})"
+    rows = FP8_BLOCK_ROWS if fp8 else BLOCK_ROWS
+    if block_m not in rows:
+        return f"blocks of {', '.join(map(str, rows))} rows only (this batch groups by {block_m})"
     latent, inter = z.shape[1], w2.shape[-1] * 2
+    if fp8 and latent % FP8_K_MULTIPLE:
+        return f"the FP8 L1 runs whole rounds of its 4-stage ring: L = {latent} must be a multiple of {FP8_K_MULTIPLE}"
     if latent % max(STEP_K, ROW_TILES[1]) or inter % max(STEP_K, ROW_TILES[0]):
         return f"L = {latent} must be a multiple of {max(STEP_K, ROW_TILES[1])} and I = {inter} of {max(STEP_K, ROW_TILES[0])}"
     if block_m == STAGED_BLOCK_ROWS and (latent % STAGED_K_MULTIPLE or inter % STAGED_K_MULTIPLE):
@@ -324,8 +331,6 @@ def launch_routed_l2(
     )
 
 
-FP8_BLOCK_ROWS = (8, 16, 32)
-FP8_WORDS_SWIZZLE = 64  # bytes: the FP8 kernels' 4-byte reads of a [rows, 16 words] stage are then conflict-free
 
 
 def launch_routed_l1_fp8(
@@ -342,9 +347,9 @@ def launch_routed_l1_fp8(
     from .routed_fp8 import l1_fp8_kernel
 
     latent, inter = z_hi.shape[1], w13.shape[1] // 2
-    if block_m not in FP8_BLOCK_ROWS or latent % (4 * STEP_K) or inter % (16 * L1_WARPS):
+    if block_m not in FP8_BLOCK_ROWS or latent % FP8_K_MULTIPLE or inter % (16 * L1_WARPS):
         raise ValueError(f"the FP8 L1 takes blocks of {FP8_BLOCK_ROWS} rows (got {block_m}), L = {latent} a multiple of "
-                         f"{4 * STEP_K} and I = {inter} of {16 * L1_WARPS}")
+                         f"{FP8_K_MULTIPLE} and I = {inter} of {16 * L1_WARPS}")
     words = w13.view(torch.int32)
     view = words.view(words.shape[0] * 2, words.shape[1] // 2, words.shape[2])
     layout = gl.NVMMASharedLayout(swizzle_byte_width=FP8_WORDS_SWIZZLE, element_bitwidth=32, rank=3)

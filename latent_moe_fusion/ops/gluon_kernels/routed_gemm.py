@@ -273,8 +273,8 @@ def l2_regs_kernel(
         w_row = expert * (stride_we // row_words) + n0
         args = (act_ptr, w_ptrs, s_ptrs, w_desc, w_row, sorted_ptr, pairs_ptr, slice_stride, k_index, blk * BM, n0,
                 latent, K)
-        if BM == 16:
-            _l2_rows(*args, 16, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
+        if BM <= 16:  # 8-row blocks: the FP8 L1's (routed_fp8.py), whose grouping L2 then shares
+            _l2_rows(*args, BM, BN, BK, NW, SPLIT, RING, STAGES, ORDER)
         else:  # the same test as L1 on the same block: L1 wrote every row this reads
             valid = _valid_rows(sorted_ptr, blk * BM, BM, NW)
             if valid <= 16:

@@ -35,18 +35,28 @@ import torch
 import triton
 
 from ..env import env_choice, env_switch
-from ..gluon_kernels import launch_routed_l1, launch_routed_l2, regs_path_reason, split_reason
+from ..gluon_kernels import (
+    FP8_K_MULTIPLE,
+    launch_routed_l1,
+    launch_routed_l1_fp8,
+    launch_routed_l2,
+    regs_path_reason,
+    split_reason,
+)
 from ..pdl import use_pdl
 from ..streams import side_stream
 from .combine import launch_combine
 from .expert_gemm import l1_kernel, l2_kernel
+from .fp8_split import launch_split_e4m3
 from .moe_align import Grouping, group_by_expert, max_blocks
 from .moe_align_choice import GroupingChoice, group_by_expert_choice, small_blocks_bound
 from .producer_config import (
     PREFILL_CHOICE_MAX_ROWS,
+    ROUTED_FP8_ENV,
     SPLIT_K_MAX_PAIRS,
     ProducerConfig,
     config_context,
+    decode_block_m,
     interpreting,
     pick_config,
 )
@@ -135,6 +145,8 @@ def _resolve_config(
     if config is None:
         cfg = replace(cfg, l1=replace(cfg.l1, tma=cfg.l1.tma and _layout_fits(w13_layout, cfg.l1.bk, mxfp4)),
                       l2=replace(cfg.l2, tma=cfg.l2.tma and _layout_fits(w2_layout, cfg.l2.bk, mxfp4)))
+        if cfg.routed_fp8 and routed_k[0] % FP8_K_MULTIPLE:  # the FP8 L1's ring runs whole rounds: the bf16 kernels
+            cfg = replace(cfg, routed_fp8=False, bm=decode_block_m(num_pairs, num_experts))
     return cfg
 
 
@@ -302,12 +314,15 @@ def run_experts(
     # kernels cannot take the call; a given one says why.
     regs = cfg.routed_regs and num_pairs > 0 and not gemv  # the GEMV, where it runs, replaces them
     if regs:
-        reason = regs_path_reason(z, w13, w2, w13_scale, w2_scale, weight_format, bm)
+        reason = regs_path_reason(z, w13, w2, w13_scale, w2_scale, weight_format, bm, cfg.routed_fp8)
         split_why = split_reason(cfg.regs_split, latent, inter) if reason is None else None
         if split_why is not None and config is None:
             cfg = replace(cfg, regs_split=(1, 1))  # a picked split that does not cut these K: whole K
         elif split_why is not None:
             reason = split_why
+        if reason is not None and cfg.routed_fp8 and config is None:
+            raise ValueError(f"{ROUTED_FP8_ENV}=1: the FP8 routed kernels cannot take this call ({reason}); unset "
+                             f"{ROUTED_FP8_ENV} to run the bf16 kernels")
         if reason is not None and config is not None:
             raise ValueError(f"config.routed_regs: the register-dequant kernels cannot take this call ({reason}); "
                              "use a config with routed_regs=False")
@@ -375,13 +390,16 @@ def run_experts(
     w13s, s13_e, s13_n, s13s_e, s13s_n = _weight_strides(w13, w13_scale)
     w2s, s2_e, s2_n, s2s_e, s2s_n = _weight_strides(w2, w2_scale)
 
+    # The Triton grids' rows per block: the grouping's, except the FP8 path's 8-row blocks (its grids then hold only
+    # shared tiles, whose MMAs take 16 rows at least).
+    grid_bm = max(bm, 16) if cfg.routed_fp8 else bm
     if shared_how in ("side", "grid"):
         x_s, w1_s, w3_s, w2_s, s_out = shared.x_s, shared.w1_s, shared.w3_s, shared.w2_s, shared.out
         m_s, hidden = x_s.shape
         inter_s = w1_s.shape[0]
         act_s = torch.empty(m_s, inter_s, dtype=z.dtype, device=dev)
-        sh_l1 = triton.cdiv(m_s, bm) * triton.cdiv(inter_s, cfg.l1.shared_bn)
-        sh_l2 = triton.cdiv(m_s, bm) * triton.cdiv(hidden, cfg.l2.shared_bn)
+        sh_l1 = triton.cdiv(m_s, grid_bm) * triton.cdiv(inter_s, cfg.l1.shared_bn)
+        sh_l2 = triton.cdiv(m_s, grid_bm) * triton.cdiv(hidden, cfg.l2.shared_bn)
     else:
         # No shared work (n_shared_tiles = 0): the shared arguments are never read; sizes like the
         # routed ones keep the compiled kernel the same as the producer's.
@@ -400,7 +418,7 @@ def run_experts(
     tiles_r2 = triton.cdiv(latent, cfg.l2.bn)
     grid1 = (sh_l1 + nb_triton * tiles_r1) * split1
     grid2 = sh_l2 + nb_triton * tiles_r2 * split2
-    common = dict(BM=bm, MXFP4=mxfp4, DEQUANT=cfg.dequant, INTERPRET=interp, DOT_PREC=prec)
+    common = dict(BM=grid_bm, MXFP4=mxfp4, DEQUANT=cfg.dequant, INTERPRET=interp, DOT_PREC=prec)
     side = _side_stream(dev) if shared_how in ("side", "cublas_side") else None
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(dev))
@@ -445,8 +463,13 @@ def run_experts(
         if grouping is None:
             grouping = group_by_expert(topk_ids, num_experts, bm)
         sorted_pairs, block_expert = grouping.sorted_pairs, grouping.block_expert
-        launch_routed_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm, top_k, beta, lin_beta,
-                         cfg.regs_split[0], signal=pdl)
+        if cfg.routed_fp8:  # opt-in: whole K (the config says so), no PDL (that is for <= 16 pairs)
+            pdl = False
+            launch_routed_l1_fp8(*launch_split_e4m3(z), w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm,
+                                 top_k, beta, lin_beta)
+        else:
+            launch_routed_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm, top_k, beta, lin_beta,
+                             cfg.regs_split[0], signal=pdl)
         if in_line_library:
             shared_as_library()
         launch_routed_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max, bm, dependent=pdl)

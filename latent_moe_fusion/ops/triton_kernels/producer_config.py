@@ -62,10 +62,19 @@ class ProducerConfig:
     # > 0: beyond the decode sizes, the grouping picks on the GPU between these (Triton) tiles and the
     # register-dequant kernels in blocks of this many rows (moe_align_choice.py), by the local experts' rows.
     device_choice_bm: int = 0
+    # Opt-in (ROUTED_FP8_ENV): the register-dequant L1 on FP8 MMAs (gluon_kernels/routed_fp8.py: activations split per
+    # token in two e4m3 parts; not bitwise the bf16 path, ~7e-4 from it), in blocks of FP8_BLOCK_M rows (L2 too).
+    routed_fp8: bool = False
 
     def __post_init__(self) -> None:
         if len(self.regs_split) != 2 or min(self.regs_split) < 1:
             raise ValueError(f"ProducerConfig.regs_split must be two slice counts >= 1, got {self.regs_split}")
+        if self.routed_fp8 and not (self.routed_regs and not self.routed_gemv and self.bm == FP8_BLOCK_M
+                                    and self.regs_split == (1, 1)):
+            raise ValueError(f"ProducerConfig.routed_fp8 runs the register-dequant kernels (routed_regs=True, "
+                             f"routed_gemv=False) in whole K (regs_split=(1, 1)) on {FP8_BLOCK_M}-row blocks "
+                             f"(bm={FP8_BLOCK_M}); got bm={self.bm}, routed_regs={self.routed_regs}, "
+                             f"routed_gemv={self.routed_gemv}, regs_split={self.regs_split}")
 
     def with_k_dims(self, routed_k: tuple[int, int], shared_k: tuple[int, int] | None, mxfp4: bool) -> ProducerConfig:
         """Shrink each K tile until it divides its K: routed (L1: L, L2: I), shared (L1: H, L2: I_s)."""
@@ -231,9 +240,14 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
                 split = _env_power_of_two(SHARED_SPLIT_ENV, split, 1) if single else 1
                 bn2_s = _env_power_of_two(SHARED_L2_ROWS_ENV, 64, 16)
                 bk2_s = _env_power_of_two(SHARED_L2_K_ENV, REGS_SINGLE_TOKEN_SHARED_L2_K if single else 32, 16)
-                return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=bm == 16, split_k=split),
+                regs_split = regs_decode_split(num_pairs)
+                # FP8 (opt-in) where few rows per hit expert are expected (16- or 32-row blocks): 8-row blocks then
+                # hold most experts' rows.
+                fp8 = routed_fp8_enabled() and not gemv and regs_split == (1, 1) and bm in (16, 32)
+                return ProducerConfig(FP8_BLOCK_M if fp8 else bm,
+                                      GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=bm == 16, split_k=split),
                                       GemmTiles(64, 128, 4, 4, bk2_s, 128 if bm == 16 else 0, bn2_s, tma=bm == 16),
-                                      dequant, True, regs_decode_split(num_pairs), gemv)
+                                      dequant, True, regs_split, gemv, routed_fp8=fp8)
             if bm == 16:
                 split = DECODE_SPLIT_K if num_pairs <= SPLIT_K_MAX_PAIRS else (1, 1)
                 return ProducerConfig(bm, GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=sm90, split_k=split[0]),
@@ -329,6 +343,14 @@ def routed_gemv_picked(num_pairs: int) -> bool:
     return forced if forced is not None else num_pairs <= ROUTED_GEMV_MAX_PAIRS
 
 
+ROUTED_FP8_ENV = "LMF_ROUTED_FP8"  # "1": the routed L1 on FP8 MMAs at decode (ProducerConfig.routed_fp8)
+FP8_BLOCK_M = 8  # rows per block on that path: most of a decode batch's hit experts hold a few rows (routed_fp8.md)
+
+
+def routed_fp8_enabled() -> bool:
+    return os.environ.get(ROUTED_FP8_ENV, "0") == "1"
+
+
 def regs_enabled() -> bool:
     return os.environ.get(REGS_ENV_SWITCH, "1") != "0"
 
@@ -347,7 +369,7 @@ def _has_sm90() -> bool:
 # device checks. config_context() snapshots them, so that a cache of picked configs keyed on it
 # (expert_schedule.resolve_config) follows every change.
 CONFIG_ENVS = ("TRITON_INTERPRET", REGS_ENV_SWITCH, PREFILL_REGS_ENV, REGS_SPLIT_ENV, SHARED_TILES_ENV, SHARED_SPLIT_ENV,
-               SHARED_L2_ROWS_ENV, SHARED_L2_K_ENV, ROUTED_GEMV_ENV)
+               SHARED_L2_ROWS_ENV, SHARED_L2_K_ENV, ROUTED_GEMV_ENV, ROUTED_FP8_ENV)
 
 
 def config_context() -> tuple:

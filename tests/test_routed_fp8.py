@@ -1,0 +1,122 @@
+"""The FP8 routed L1's pieces on the CPU: the e2m1 -> e4m3 placement (its very PTX, emulated, every byte), the per-token
+e4m3 split (numerics, k order, edge rows, bad inputs), the opt-in switch in the picked config, and the kernels'
+static SASS for sm_90 (bench/fp8_sass.py: registers, spills, FP8 wgmmas from registers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from latent_moe_fusion.ops.fp8_split import E4M3_MAX, MAX_SHIFT, split_e4m3, to_kappa_order
+from latent_moe_fusion.ops.gluon_kernels.routed_fp8 import FP4_TO_E4M3_ASM
+from latent_moe_fusion.ops.mxfp4 import e2m1_lut
+from latent_moe_fusion.ops.triton_kernels import producer_config as pc
+from tests.compiled_python import run_compiled
+from tests.ptx_emulator import run_ptx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _e4m3(byte: int) -> float:
+    return torch.tensor([byte], dtype=torch.uint8).view(torch.float8_e4m3fn).float().item()
+
+
+def test_placement_gives_every_code_as_e4m3_times_2_to_the_minus_6():
+    """$2: 4 bytes of 8 codes; $0: the low nibbles' codes, $1 the high ones', each byte the code's value / 64 as
+    e4m3 (code 0.5 on e4m3's subnormal 2^-7, signed zeros kept): every byte value at every position."""
+    values = e2m1_lut().tolist()
+    for byte in range(256):
+        for pos in range(4):
+            word = (byte << (8 * pos)) | (0x5A << (8 * ((pos + 1) % 4)))  # other bytes: other codes
+            lo, hi = run_ptx(FP4_TO_E4M3_ASM, {2: word}, 2)
+            for out, code in ((lo, byte & 0xF), (hi, byte >> 4)):
+                got = _e4m3((out >> (8 * pos)) & 0xFF)
+                assert got == values[code] / 64, f"byte {byte:#04x} at {pos}: code {code} gave {got}"
+                assert (got < 0 or (got == 0 and (out >> (8 * pos + 7)) & 1)) == bool(code & 8) or values[code] == 0
+
+
+def test_kappa_order_puts_even_k_before_odd_k_in_each_32_block():
+    k = torch.arange(96.0)[None]
+    got = to_kappa_order(k)[0]
+    block = torch.cat([torch.arange(0, 32, 2), torch.arange(1, 32, 2)]).float()
+    assert torch.equal(got, torch.cat([block, block + 32, block + 64]))
+
+
+def test_split_rebuilds_rows_of_any_magnitude():
+    """hi + lo, times col_factor / 64, gives back each row in kappa order to within e4m3's range below its largest
+    value; the largest value lands in [224, 448]."""
+    z = torch.randn(6, 3584)
+    z *= torch.tensor([1e-30, 1e-6, 1.0, 3.0, 1e6, 1e30])[:, None]
+    z = z.to(torch.bfloat16)
+    hi, lo, factor = split_e4m3(z)
+    assert hi.dtype == lo.dtype == torch.float8_e4m3fn and factor.dtype == torch.float32
+    back = (hi.double() + lo.double()) * factor[:, None].double() / 64
+    ref = to_kappa_order(z.double())
+    err = (back - ref).norm(dim=1) / ref.norm(dim=1)
+    assert err.max() < 1e-4, err
+    assert ((back == ref).float().mean(dim=1) > 0.85).all()
+    top = hi.float().abs().amax(dim=1)
+    assert ((top >= E4M3_MAX / 2) & (top <= E4M3_MAX)).all(), top  # 224: just above 1.75 * 2^7, rounded
+    one_part = ((hi.double() * factor[:, None].double() / 64 - ref).norm(dim=1) / ref.norm(dim=1))
+    assert (one_part > 1e-2).all()  # one e4m3 part alone keeps 4 bits: why there are two
+
+
+def test_split_of_a_zero_row_and_a_lone_outlier():
+    z = torch.zeros(2, 64, dtype=torch.bfloat16)
+    z[1, 7] = -E4M3_MAX
+    hi, lo, factor = split_e4m3(z)
+    assert not hi[0].float().any() and not lo[0].float().any()
+    assert factor[0].item() == 2.0 ** (6 - MAX_SHIFT)
+    assert factor[1].item() == 64.0 and hi[1].float().min().item() == -E4M3_MAX
+
+
+@pytest.mark.parametrize("bad, what", [(torch.zeros(2, 64), "bfloat16"), (torch.zeros(2, 2, 64, dtype=torch.bfloat16),
+                                       "tokens, K"), (torch.zeros(2, 48, dtype=torch.bfloat16), "multiple of 32")])
+def test_split_rejects_bad_inputs(bad, what):
+    with pytest.raises(ValueError, match=what):
+        split_e4m3(bad)
+
+
+def test_fp8_config_must_be_whole_k_register_kernels_on_8_row_blocks():
+    tiles = pc.GemmTiles(64, 128, 4, 4)
+    with pytest.raises(ValueError, match="bm=8"):
+        pc.ProducerConfig(16, tiles, tiles, routed_regs=True, routed_fp8=True)
+    with pytest.raises(ValueError, match="regs_split"):
+        pc.ProducerConfig(8, tiles, tiles, routed_regs=True, regs_split=(2, 2), routed_fp8=True)
+    assert pc.ProducerConfig(8, tiles, tiles, routed_regs=True, routed_fp8=True).routed_fp8
+
+
+@pytest.mark.parametrize("tokens, fp8", [(1, False), (8, True), (32, True), (128, True), (4096, False)])
+def test_the_switch_picks_fp8_at_decode_only(tokens, fp8, monkeypatch):
+    """LMF_ROUTED_FP8=1 on a Hopper GPU: the picked decode configs of the register-dequant kernels take the FP8 L1 in
+    8-row blocks (not a single token's K-sliced kernels nor its GEMV, nor prefill); unset, never."""
+    monkeypatch.setattr(pc, "_is_hopper", lambda: True)
+    monkeypatch.setattr(pc, "_has_sm90", lambda: True)
+    monkeypatch.setattr(pc, "interpreting", lambda: False)
+    assert pc.ROUTED_FP8_ENV in pc.CONFIG_ENVS
+    monkeypatch.delenv(pc.ROUTED_FP8_ENV, raising=False)
+    assert not pc.pick_config(tokens * 16, "mxfp4", torch.bfloat16, 112).routed_fp8
+    monkeypatch.setenv(pc.ROUTED_FP8_ENV, "1")
+    cfg = pc.pick_config(tokens * 16, "mxfp4", torch.bfloat16, 112)
+    assert cfg.routed_fp8 == fp8 and (cfg.bm == pc.FP8_BLOCK_M) == fp8, cfg
+
+
+def test_fp8_kernels_compile_for_sm90_within_4_ctas_per_sm(tmp_path):
+    done = run_compiled([str(ROOT / "bench" / "fp8_sass.py"), "--out", str(tmp_path)], timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "fp8_sass.json").read_text())
+    l1 = [r for r in rows if r["kernel"] == "l1_fp8_kernel"]
+    # 8-row blocks: one K loop (8-row MMAs); 16-row blocks: an 8- and a 16-row path
+    assert [(r["block_rows"], r["mma"].split(".")[1]) for r in l1] == [(8, "64x8x32"), (16, "64x8x32"),
+                                                                         (16, "64x16x32")], l1
+    for r in l1:
+        assert r["mma"].startswith("QGMMA") and r["mma"].endswith("E4M3.E4M3") and r["wgmma"] == 16, r
+        assert r["spills"] == 0 and r["HMUL2"] == 0 and r["BAR"] <= 2, r
+    eight = l1[0]
+    assert eight["registers"] <= 128, eight  # 4 CTAs of 4 warps per SM
+    assert eight["FFMA"] == 32 and eight["loop_instr"] < 300, eight  # the bf16 L1: 385 per step
+    l2 = [r for r in rows if r["kernel"] == "l2_regs_kernel"]
+    assert len(l2) == 1 and l2[0]["mma"].startswith("HGMMA.64x8x16") and l2[0]["spills"] == 0, l2
