@@ -1,5 +1,5 @@
-"""Static SASS of the FP8 routed L1 (ops/gluon_kernels/routed_fp8.py) and of the bf16 L2 in the 8-row blocks it
-shares with it, compiled for sm_90 on a CPU machine (Gluon + Triton's bundled ptxas; not timed). What the design
+"""Static SASS of the FP8 routed kernels (ops/gluon_kernels/routed_fp8.py) and of the bf16 L2 in the 8-row blocks
+the FP8 L1 shares with it, compiled for sm_90 on a CPU machine (Gluon + Triton's bundled ptxas; not timed). What the design
 promises and this checks: 8-row blocks fit 4 CTAs of 4 warps per SM (<= 128 registers) without spills, every
 k step issues 16 FP8 wgmmas (4 scale blocks x gate / up x the two activation parts) from registers, and the step
 takes fewer instructions than the bf16 L1's (385 per 16-row step: regs_sass.md).
@@ -31,18 +31,26 @@ L1_FP8_SIG = {"z_hi_ptr": "*fp8e4nv", "z_lo_ptr": "*fp8e4nv", "col_factor_ptr": 
               "row_scales": "i32", "top_k": "i32", "stride_se": "i32", "beta": "fp32", "lin_beta": "fp32"}
 
 
-def compile_l1_fp8(bm: int, mma: str = "pipe") -> triton.compiler.CompiledKernel:
+L2_FP8_SIG = {"a_hi_ptr": "*fp8e4nv", "a_lo_ptr": "*fp8e4nv", "row_factor_ptr": "*fp32", "s_ptr": "*u8",
+              "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "pairs_ptr": "*fp32", "latent": "i32", "K": "i32",
+              "row_scales": "i32", "stride_se": "i32"}
+
+
+def compile_fp8(which: str, bm: int, mma: str = "pipe") -> triton.compiler.CompiledKernel:
+    """l1_fp8_kernel or l2_fp8_kernel as their launchers call them (gluon_kernels.launch_routed_l*_fp8)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(L1_FP8_SIG.items()) if t != "fp32" and n != "top_k"}
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=gk.FP8_WORDS_SWIZZLE, element_bitwidth=32, rank=3)
-    box = f"2, {16 * gk.L1_WARPS}, {gk.STEP_K // 8}"
-    sig = dict(L1_FP8_SIG, w_desc=f"tensordesc<i32[{box}],{layout!r}>", BM="constexpr", BK="constexpr",
+    l1 = which == "l1"
+    fn, sig, warps = (rf.l1_fp8_kernel, L1_FP8_SIG, gk.L1_WARPS) if l1 else (rf.l2_fp8_kernel, L2_FP8_SIG, gk.L2_WARPS)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items()) if t != "fp32" and n != "top_k"}
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=gk.FP8_WORDS_SWIZZLE, element_bitwidth=32, rank=3 if l1 else 2)
+    box = f"2, {16 * warps}, {gk.STEP_K // 8}" if l1 else f"{16 * warps}, {gk.STEP_K // 8}"
+    sig = dict(sig, w_desc=f"tensordesc<i32[{box}],{layout!r}>", BM="constexpr", BK="constexpr",
                num_warps="constexpr", MMA="constexpr")
-    src = GluonASTSource(fn=rf.l1_fp8_kernel, signature=sig, attrs=attrs,
-                         constexprs={"BM": bm, "BK": gk.STEP_K, "num_warps": gk.L1_WARPS, "MMA": mma})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": gk.L1_WARPS})
+    src = GluonASTSource(fn=fn, signature=sig, attrs=attrs,
+                         constexprs={"BM": bm, "BK": gk.STEP_K, "num_warps": warps, "MMA": mma})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 
 def k_loops(sass: str) -> list[list[str]]:
@@ -83,11 +91,12 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for bm in gk.FP8_BLOCK_ROWS[:2]:
-        rows += stats("l1_fp8_kernel", compile_l1_fp8(bm), 16, bm)
+        rows += stats("l1_fp8_kernel", compile_fp8("l1", bm), 16, bm)
+    rows += stats("l2_fp8_kernel", compile_fp8("l2", 8), 8, 8)
     rows += stats("l2_regs_kernel", compile_sm90("l2", ring="tma", bm=8), 8, 8)
     for r in rows:
         print(r, flush=True)
-    lines = [f"# FP8 routed L1: static SASS of its K loops (sm_90, triton {triton.__version__})", "",
+    lines = [f"# FP8 routed kernels: static SASS of their K loops (sm_90, triton {triton.__version__})", "",
              f"L = {LATENT}, k step {gk.STEP_K}; compiled on a CPU machine, not timed. One row per K loop (a kernel "
              "for 16-row blocks holds an 8- and a 16-row MMA path); counts per k step, registers and spills (local "
              "loads and stores anywhere) per kernel. The bf16 L1 (regs_sass.md): 385 instructions per 16-row step, "

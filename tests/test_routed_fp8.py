@@ -1,4 +1,4 @@
-"""The FP8 routed L1's pieces on the CPU: the e2m1 -> e4m3 placement (its very PTX, emulated, every byte), the per-token
+"""The FP8 routed kernels' pieces on the CPU: the e2m1 -> e4m3 placement (its very PTX, emulated, every byte), the per-token
 e4m3 split (numerics, k order, edge rows, bad inputs), the opt-in switch in the picked config, and the kernels'
 static SASS for sm_90 (bench/fp8_sass.py: registers, spills, FP8 wgmmas from registers)."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from latent_moe_fusion.ops.fp8_split import E4M3_MAX, MAX_SHIFT, split_e4m3, to_kappa_order
-from latent_moe_fusion.ops.gluon_kernels.routed_fp8 import FP4_TO_E4M3_ASM
+from latent_moe_fusion.ops.gluon_kernels.fp8_mainloop import FP4_TO_E4M3_ASM
 from latent_moe_fusion.ops.mxfp4 import e2m1_lut
 from latent_moe_fusion.ops.triton_kernels import producer_config as pc
 from tests.compiled_python import run_compiled
@@ -83,25 +83,35 @@ def test_split_rejects_bad_inputs(bad, what):
 def test_fp8_config_must_be_whole_k_register_kernels_on_8_row_blocks():
     tiles = pc.GemmTiles(64, 128, 4, 4)
     with pytest.raises(ValueError, match="bm=8"):
-        pc.ProducerConfig(16, tiles, tiles, routed_regs=True, routed_fp8=True)
+        pc.ProducerConfig(16, tiles, tiles, routed_regs=True, routed_fp8=(True, True))
     with pytest.raises(ValueError, match="regs_split"):
-        pc.ProducerConfig(8, tiles, tiles, routed_regs=True, regs_split=(2, 2), routed_fp8=True)
-    assert pc.ProducerConfig(8, tiles, tiles, routed_regs=True, routed_fp8=True).routed_fp8
+        pc.ProducerConfig(8, tiles, tiles, routed_regs=True, regs_split=(2, 2), routed_fp8=(True, False))
+    with pytest.raises(ValueError, match="L2 only with L1"):
+        pc.ProducerConfig(8, tiles, tiles, routed_regs=True, routed_fp8=(False, True))
+    assert pc.ProducerConfig(8, tiles, tiles, routed_regs=True, routed_fp8=(True, True)).routed_fp8 == (True, True)
 
 
-@pytest.mark.parametrize("tokens, fp8", [(1, False), (8, True), (32, True), (128, True), (4096, False)])
-def test_the_switch_picks_fp8_at_decode_only(tokens, fp8, monkeypatch):
-    """LMF_ROUTED_FP8=1 on a Hopper GPU: the picked decode configs of the register-dequant kernels take the FP8 L1 in
-    8-row blocks (not a single token's K-sliced kernels nor its GEMV, nor prefill); unset, never."""
+def test_the_switch_says_what_it_takes(monkeypatch):
+    monkeypatch.setenv(pc.ROUTED_FP8_ENV, "yes")
+    with pytest.raises(ValueError, match="expected one of 0, 1, l1,l2"):
+        pc.routed_fp8_layers()
+
+
+@pytest.mark.parametrize("flag, layers", [("1", (True, False)), ("l1,l2", (True, True))])
+@pytest.mark.parametrize("tokens, fp8", [(1, False), (8, True), (32, True), (128, False), (4096, False)])
+def test_the_switch_picks_fp8_at_decode_only(tokens, fp8, flag, layers, monkeypatch):
+    """LMF_ROUTED_FP8=1 (or l1,l2) on a Hopper GPU: the picked decode configs of the register-dequant kernels take the
+    FP8 L1 (and L2) in 8-row blocks where the grouping would take 16 rows (not a single token's K-sliced kernels nor
+    its GEMV, nor 32-row decode blocks, nor prefill); unset, never."""
     monkeypatch.setattr(pc, "_is_hopper", lambda: True)
     monkeypatch.setattr(pc, "_has_sm90", lambda: True)
     monkeypatch.setattr(pc, "interpreting", lambda: False)
     assert pc.ROUTED_FP8_ENV in pc.CONFIG_ENVS
     monkeypatch.delenv(pc.ROUTED_FP8_ENV, raising=False)
-    assert not pc.pick_config(tokens * 16, "mxfp4", torch.bfloat16, 112).routed_fp8
-    monkeypatch.setenv(pc.ROUTED_FP8_ENV, "1")
+    assert not any(pc.pick_config(tokens * 16, "mxfp4", torch.bfloat16, 112).routed_fp8)
+    monkeypatch.setenv(pc.ROUTED_FP8_ENV, flag)
     cfg = pc.pick_config(tokens * 16, "mxfp4", torch.bfloat16, 112)
-    assert cfg.routed_fp8 == fp8 and (cfg.bm == pc.FP8_BLOCK_M) == fp8, cfg
+    assert cfg.routed_fp8 == (layers if fp8 else (False, False)) and (cfg.bm == pc.FP8_BLOCK_M) == fp8, cfg
 
 
 def test_fp8_kernels_compile_for_sm90_within_4_ctas_per_sm(tmp_path):
@@ -120,3 +130,7 @@ def test_fp8_kernels_compile_for_sm90_within_4_ctas_per_sm(tmp_path):
     assert eight["FFMA"] == 32 and eight["loop_instr"] < 300, eight  # the bf16 L1: 385 per step
     l2 = [r for r in rows if r["kernel"] == "l2_regs_kernel"]
     assert len(l2) == 1 and l2[0]["mma"].startswith("HGMMA.64x8x16") and l2[0]["spills"] == 0, l2
+    l2_fp8 = [r for r in rows if r["kernel"] == "l2_fp8_kernel"]
+    assert len(l2_fp8) == 1 and l2_fp8[0]["mma"].startswith("QGMMA.64x8x32") and l2_fp8[0]["wgmma"] == 8, l2_fp8
+    assert l2_fp8[0]["spills"] == 0 and l2_fp8[0]["registers"] <= 80, l2_fp8  # 3 CTAs of 8 warps, as the bf16 L2
+    assert l2_fp8[0]["loop_instr"] < l2[0]["loop_instr"], (l2_fp8, l2)

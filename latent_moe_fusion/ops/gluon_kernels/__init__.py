@@ -120,10 +120,10 @@ def _gluon_importable() -> bool:
 
 def regs_path_reason(
     z: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor | None,
-    w2_scale: torch.Tensor | None, weight_format: str, block_m: int, fp8: bool = False,
+    w2_scale: torch.Tensor | None, weight_format: str, block_m: int, fp8: tuple[bool, bool] = (False, False),
 ) -> str | None:
-    """Why these routed GEMMs cannot run on the register-dequant kernels (None if they can); fp8: with the L1 on FP8
-    MMAs (launch_routed_l1_fp8)."""
+    """Why these routed GEMMs cannot run on the register-dequant kernels (None if they can); fp8: (L1, L2) on FP8
+    MMAs (launch_routed_l1_fp8, launch_routed_l2_fp8)."""
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return f"{ENV_SWITCH}=0"
     if weight_format != "mxfp4":
@@ -134,12 +134,13 @@ def regs_path_reason(
         return "needs an sm_90 GPU (warpgroup MMA with a register operand)"
     if z.dtype != torch.bfloat16:
         return f"activations must be bfloat16, got {z.dtype}"
-    rows = FP8_BLOCK_ROWS if fp8 else BLOCK_ROWS
+    rows = FP8_BLOCK_ROWS if any(fp8) else BLOCK_ROWS
     if block_m not in rows:
         return f"blocks of {', '.join(map(str, rows))} rows only (this batch groups by {block_m})"
     latent, inter = z.shape[1], w2.shape[-1] * 2
-    if fp8 and latent % FP8_K_MULTIPLE:
-        return f"the FP8 L1 runs whole rounds of its 4-stage ring: L = {latent} must be a multiple of {FP8_K_MULTIPLE}"
+    for on, k, name in ((fp8[0], latent, "L"), (fp8[1], inter, "I")):
+        if on and k % FP8_K_MULTIPLE:
+            return f"the FP8 kernels run whole rounds of their 4-stage rings: {name} = {k} must be a multiple of {FP8_K_MULTIPLE}"
     if latent % max(STEP_K, ROW_TILES[1]) or inter % max(STEP_K, ROW_TILES[0]):
         return f"L = {latent} must be a multiple of {max(STEP_K, ROW_TILES[1])} and I = {inter} of {max(STEP_K, ROW_TILES[0])}"
     if block_m == STAGED_BLOCK_ROWS and (latent % STAGED_K_MULTIPLE or inter % STAGED_K_MULTIPLE):
@@ -333,6 +334,23 @@ def launch_routed_l2(
 
 
 
+def _fp8_words_descriptor(words: torch.Tensor, rows: int, dual: bool):
+    """_words_descriptor's boxes for the FP8 kernels: 64-byte swizzled stages (their 4-byte reads conflict-free)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    view = words.view(words.shape[0] * 2, words.shape[1] // 2, words.shape[2]) if dual else words.view(-1, words.shape[-1])
+    block = [2, rows, STEP_K // 8] if dual else [rows, STEP_K // 8]
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=FP8_WORDS_SWIZZLE, element_bitwidth=32, rank=view.dim())
+    return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
+
+
+def _check_fp8(k: int, block_m: int, n: int, rows: int) -> None:
+    if block_m not in FP8_BLOCK_ROWS or k % FP8_K_MULTIPLE or n % rows:
+        raise ValueError(f"the FP8 kernels take blocks of {FP8_BLOCK_ROWS} rows (got {block_m}), K = {k} a multiple "
+                         f"of {FP8_K_MULTIPLE} and N = {n} of {rows}")
+
+
 def launch_routed_l1_fp8(
     z_hi: torch.Tensor, z_lo: torch.Tensor, col_factor: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
     sorted_pairs: torch.Tensor, block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, block_m: int,
@@ -341,22 +359,33 @@ def launch_routed_l1_fp8(
     """act[block rows, :I] = bf16(SiTU(gate, up)) on FP8 MMAs (routed_fp8.py; opt-in, not bitwise the bf16 path):
     z_hi, z_lo, col_factor from ops.fp8_split.split_e4m3(z) (or its kernel, triton_kernels/fp8_split.py).
     mma: how a step schedules its MMAs and waits (routed_fp8._step_mmas); maxnreg: a register cap (tuning)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     from .routed_fp8 import l1_fp8_kernel
 
     latent, inter = z_hi.shape[1], w13.shape[1] // 2
-    if block_m not in FP8_BLOCK_ROWS or latent % FP8_K_MULTIPLE or inter % (16 * L1_WARPS):
-        raise ValueError(f"the FP8 L1 takes blocks of {FP8_BLOCK_ROWS} rows (got {block_m}), L = {latent} a multiple of "
-                         f"{FP8_K_MULTIPLE} and I = {inter} of {16 * L1_WARPS}")
-    words = w13.view(torch.int32)
-    view = words.view(words.shape[0] * 2, words.shape[1] // 2, words.shape[2])
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=FP8_WORDS_SWIZZLE, element_bitwidth=32, rank=3)
-    desc = TensorDescriptor(view, list(view.shape), list(view.stride()), [2, 16 * L1_WARPS, STEP_K // 8], layout)
+    _check_fp8(latent, block_m, inter, 16 * L1_WARPS)
+    desc = _fp8_words_descriptor(w13.view(torch.int32), 16 * L1_WARPS, dual=True)
     grid = (num_blocks * (inter // (16 * L1_WARPS)),)
     l1_fp8_kernel[grid](
         z_hi, z_lo, col_factor, w13_scale, sorted_pairs, block_expert, act, inter, latent, latent // MXFP4_BLOCK,
         top_k, w13_scale.stride(0), float(beta), float(lin_beta), desc, BM=block_m, BK=STEP_K, num_warps=L1_WARPS,
         MMA=mma, maxnreg=maxnreg,
+    )
+
+
+def launch_routed_l2_fp8(
+    a_hi: torch.Tensor, a_lo: torch.Tensor, row_factor: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+    sorted_pairs: torch.Tensor, block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int, block_m: int,
+    mma: str = "pipe",
+) -> None:
+    """pairs[pair, :] = act[row] @ W2[e]^T in FP32 on FP8 MMAs for every valid row (routed_fp8.py; opt-in): a_hi,
+    a_lo, row_factor the split of L1's act rows (triton_kernels/fp8_split.launch_split_e4m3(act))."""
+    from .routed_fp8 import l2_fp8_kernel
+
+    latent, inter = w2.shape[1], a_hi.shape[1]
+    _check_fp8(inter, block_m, latent, 16 * L2_WARPS)
+    desc = _fp8_words_descriptor(w2.view(torch.int32), 16 * L2_WARPS, dual=False)
+    grid = (num_blocks * (latent // (16 * L2_WARPS)),)
+    l2_fp8_kernel[grid](
+        a_hi, a_lo, row_factor, w2_scale, sorted_pairs, block_expert, pairs, latent, inter, inter // MXFP4_BLOCK,
+        w2_scale.stride(0), desc, BM=block_m, BK=STEP_K, num_warps=L2_WARPS, MMA=mma,
     )

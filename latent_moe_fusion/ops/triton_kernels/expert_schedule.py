@@ -40,6 +40,7 @@ from ..gluon_kernels import (
     launch_routed_l1,
     launch_routed_l1_fp8,
     launch_routed_l2,
+    launch_routed_l2_fp8,
     regs_path_reason,
     split_reason,
 )
@@ -145,8 +146,11 @@ def _resolve_config(
     if config is None:
         cfg = replace(cfg, l1=replace(cfg.l1, tma=cfg.l1.tma and _layout_fits(w13_layout, cfg.l1.bk, mxfp4)),
                       l2=replace(cfg.l2, tma=cfg.l2.tma and _layout_fits(w2_layout, cfg.l2.bk, mxfp4)))
-        if cfg.routed_fp8 and routed_k[0] % FP8_K_MULTIPLE:  # the FP8 L1's ring runs whole rounds: the bf16 kernels
-            cfg = replace(cfg, routed_fp8=False, bm=decode_block_m(num_pairs, num_experts))
+        # The FP8 kernels' rings run whole rounds: the bf16 kernels take other K (L1: L, L2: I).
+        if cfg.routed_fp8[0] and routed_k[0] % FP8_K_MULTIPLE:
+            cfg = replace(cfg, routed_fp8=(False, False), bm=decode_block_m(num_pairs, num_experts))
+        elif cfg.routed_fp8[1] and routed_k[1] % FP8_K_MULTIPLE:
+            cfg = replace(cfg, routed_fp8=(True, False))
     return cfg
 
 
@@ -320,8 +324,8 @@ def run_experts(
             cfg = replace(cfg, regs_split=(1, 1))  # a picked split that does not cut these K: whole K
         elif split_why is not None:
             reason = split_why
-        if reason is not None and cfg.routed_fp8 and config is None:
-            raise ValueError(f"{ROUTED_FP8_ENV}=1: the FP8 routed kernels cannot take this call ({reason}); unset "
+        if reason is not None and any(cfg.routed_fp8) and config is None:
+            raise ValueError(f"{ROUTED_FP8_ENV}: the FP8 routed kernels cannot take this call ({reason}); unset "
                              f"{ROUTED_FP8_ENV} to run the bf16 kernels")
         if reason is not None and config is not None:
             raise ValueError(f"config.routed_regs: the register-dequant kernels cannot take this call ({reason}); "
@@ -392,7 +396,7 @@ def run_experts(
 
     # The Triton grids' rows per block: the grouping's, except the FP8 path's 8-row blocks (its grids then hold only
     # shared tiles, whose MMAs take 16 rows at least).
-    grid_bm = max(bm, 16) if cfg.routed_fp8 else bm
+    grid_bm = max(bm, 16) if any(cfg.routed_fp8) else bm
     if shared_how in ("side", "grid"):
         x_s, w1_s, w3_s, w2_s, s_out = shared.x_s, shared.w1_s, shared.w3_s, shared.w2_s, shared.out
         m_s, hidden = x_s.shape
@@ -463,7 +467,7 @@ def run_experts(
         if grouping is None:
             grouping = group_by_expert(topk_ids, num_experts, bm)
         sorted_pairs, block_expert = grouping.sorted_pairs, grouping.block_expert
-        if cfg.routed_fp8:  # opt-in: whole K (the config says so), no PDL (that is for <= 16 pairs)
+        if cfg.routed_fp8[0]:  # opt-in: whole K (the config says so), no PDL (that is for <= 16 pairs)
             pdl = False
             launch_routed_l1_fp8(*launch_split_e4m3(z), w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm,
                                  top_k, beta, lin_beta)
@@ -472,7 +476,11 @@ def run_experts(
                              cfg.regs_split[0], signal=pdl)
         if in_line_library:
             shared_as_library()
-        launch_routed_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max, bm, dependent=pdl)
+        if cfg.routed_fp8[1]:
+            parts = launch_split_e4m3(act[: nb_max * bm], sorted_pairs)
+            launch_routed_l2_fp8(*parts, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max, bm)
+        else:
+            launch_routed_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max, bm, dependent=pdl)
     if gemv:
         launch_routed_gemv(z, topk_ids, w13, w13_scale, w2, w2_scale, act, pairs, beta, lin_beta, gemv_cfg, interp,
                            shared_as_library if in_line_library else None)

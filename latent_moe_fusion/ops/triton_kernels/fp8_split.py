@@ -17,8 +17,12 @@ def _pow2(f):
 
 
 @triton.jit
-def split_e4m3_kernel(z_ptr, hi_ptr, lo_ptr, factor_ptr, K, MAX_SHIFT_: tl.constexpr, BLOCK: tl.constexpr):
+def split_e4m3_kernel(z_ptr, hi_ptr, lo_ptr, factor_ptr, live_ptr, K, MAX_SHIFT_: tl.constexpr, BLOCK: tl.constexpr,
+                      LIVE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    if LIVE:  # only rows that hold a pair (L1's act rows: the rest of the blocks is never read back)
+        if tl.load(live_ptr + row) < 0:
+            return
     k = tl.arange(0, BLOCK)
     live = k < K
     x = tl.load(z_ptr + row * K + k, mask=live, other=0.0).to(tl.float32)
@@ -37,12 +41,17 @@ def split_e4m3_kernel(z_ptr, hi_ptr, lo_ptr, factor_ptr, K, MAX_SHIFT_: tl.const
     tl.store(factor_ptr + row, _pow2(6 - f))
 
 
-def launch_split_e4m3(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """split_e4m3 (ops/fp8_split.py) on the GPU: (hi, lo) [T, K] float8_e4m3fn in kappa order, col_factor [T]."""
+def launch_split_e4m3(z: torch.Tensor, live: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """split_e4m3 (ops/fp8_split.py) on the GPU: (hi, lo) [T, K] float8_e4m3fn in kappa order, col_factor [T].
+    live (int32 [T], e.g. a grouping's sorted pairs): rows where it is negative are skipped (left unwritten)."""
     tokens, k = z.shape
+    if z.dtype != torch.bfloat16 or k % 32:
+        raise ValueError(f"z must be [tokens, K] bfloat16 with K a multiple of 32, got {tuple(z.shape)} {z.dtype}")
+    if live is not None and (live.dtype != torch.int32 or live.numel() < tokens):
+        raise ValueError(f"live must be int32 with one entry per row of z ({tokens}), got {live.dtype} {live.numel()}")
     hi = torch.empty(tokens, k, dtype=torch.float8_e4m3fn, device=z.device)
     lo = torch.empty_like(hi)
     factor = torch.empty(tokens, dtype=torch.float32, device=z.device)
-    split_e4m3_kernel[(tokens,)](z, hi, lo, factor, k, MAX_SHIFT_=MAX_SHIFT, BLOCK=triton.next_power_of_2(k),
-                                num_warps=8)
+    split_e4m3_kernel[(tokens,)](z, hi, lo, factor, z if live is None else live, k, MAX_SHIFT_=MAX_SHIFT,
+                                BLOCK=triton.next_power_of_2(k), LIVE=live is not None, num_warps=8)
     return hi, lo, factor

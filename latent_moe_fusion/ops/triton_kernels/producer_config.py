@@ -62,15 +62,18 @@ class ProducerConfig:
     # > 0: beyond the decode sizes, the grouping picks on the GPU between these (Triton) tiles and the
     # register-dequant kernels in blocks of this many rows (moe_align_choice.py), by the local experts' rows.
     device_choice_bm: int = 0
-    # Opt-in (ROUTED_FP8_ENV): the register-dequant L1 on FP8 MMAs (gluon_kernels/routed_fp8.py: activations split per
-    # token in two e4m3 parts; not bitwise the bf16 path, ~7e-4 from it), in blocks of FP8_BLOCK_M rows (L2 too).
-    routed_fp8: bool = False
+    # Opt-in (ROUTED_FP8_ENV): (L1, L2) of the register-dequant kernels on FP8 MMAs (gluon_kernels/routed_fp8.py:
+    # activations split in two e4m3 parts per row; not bitwise the bf16 path), in blocks of FP8_BLOCK_M rows (both
+    # layers then: the bf16 L1 has no 8-row path, so L2 alone cannot be FP8).
+    routed_fp8: tuple[bool, bool] = (False, False)
 
     def __post_init__(self) -> None:
         if len(self.regs_split) != 2 or min(self.regs_split) < 1:
             raise ValueError(f"ProducerConfig.regs_split must be two slice counts >= 1, got {self.regs_split}")
-        if self.routed_fp8 and not (self.routed_regs and not self.routed_gemv and self.bm == FP8_BLOCK_M
-                                    and self.regs_split == (1, 1)):
+        if len(self.routed_fp8) != 2 or (self.routed_fp8[1] and not self.routed_fp8[0]):
+            raise ValueError(f"ProducerConfig.routed_fp8 is (L1, L2) on FP8, L2 only with L1; got {self.routed_fp8}")
+        if any(self.routed_fp8) and not (self.routed_regs and not self.routed_gemv and self.bm == FP8_BLOCK_M
+                                         and self.regs_split == (1, 1)):
             raise ValueError(f"ProducerConfig.routed_fp8 runs the register-dequant kernels (routed_regs=True, "
                              f"routed_gemv=False) in whole K (regs_split=(1, 1)) on {FP8_BLOCK_M}-row blocks "
                              f"(bm={FP8_BLOCK_M}); got bm={self.bm}, routed_regs={self.routed_regs}, "
@@ -241,10 +244,11 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
                 bn2_s = _env_power_of_two(SHARED_L2_ROWS_ENV, 64, 16)
                 bk2_s = _env_power_of_two(SHARED_L2_K_ENV, REGS_SINGLE_TOKEN_SHARED_L2_K if single else 32, 16)
                 regs_split = regs_decode_split(num_pairs)
-                # FP8 (opt-in) where few rows per hit expert are expected (16- or 32-row blocks): 8-row blocks then
-                # hold most experts' rows.
-                fp8 = routed_fp8_enabled() and not gemv and regs_split == (1, 1) and bm in (16, 32)
-                return ProducerConfig(FP8_BLOCK_M if fp8 else bm,
+                # FP8 (opt-in) where few rows per hit expert are expected (16-row blocks): 8-row blocks then hold most
+                # experts' rows. Where the grouping takes 32 rows (M = 128 in the Kimi K3 block) the FP8 L1 gained
+                # 11 us and L2 lost 12 in 8-row blocks (block_kernels_fp8.md): not taken there.
+                fp8 = routed_fp8_layers() if not gemv and regs_split == (1, 1) and bm == 16 else (False, False)
+                return ProducerConfig(FP8_BLOCK_M if any(fp8) else bm,
                                       GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=bm == 16, split_k=split),
                                       GemmTiles(64, 128, 4, 4, bk2_s, 128 if bm == 16 else 0, bn2_s, tma=bm == 16),
                                       dequant, True, regs_split, gemv, routed_fp8=fp8)
@@ -343,12 +347,20 @@ def routed_gemv_picked(num_pairs: int) -> bool:
     return forced if forced is not None else num_pairs <= ROUTED_GEMV_MAX_PAIRS
 
 
-ROUTED_FP8_ENV = "LMF_ROUTED_FP8"  # "1": the routed L1 on FP8 MMAs at decode (ProducerConfig.routed_fp8)
+# Opt-in, decode (ProducerConfig.routed_fp8): "1" the L1 on FP8 MMAs; "l1,l2" L2 too. H200 (routed_fp8_layers.md): the
+# FP8 L2 is 1.01-1.05x the bf16 one in the same 8-row blocks, less than its activations' split costs.
+ROUTED_FP8_ENV = "LMF_ROUTED_FP8"
+ROUTED_FP8_CHOICES = {"0": (False, False), "1": (True, False), "l1,l2": (True, True)}
 FP8_BLOCK_M = 8  # rows per block on that path: most of a decode batch's hit experts hold a few rows (routed_fp8.md)
 
 
-def routed_fp8_enabled() -> bool:
-    return os.environ.get(ROUTED_FP8_ENV, "0") == "1"
+def routed_fp8_layers() -> tuple[bool, bool]:
+    """(L1, L2) on FP8 MMAs as ROUTED_FP8_ENV asks (unset: neither)."""
+    raw = os.environ.get(ROUTED_FP8_ENV, "0") or "0"
+    if raw not in ROUTED_FP8_CHOICES:
+        raise ValueError(f"{ROUTED_FP8_ENV}={raw!r}: expected one of {', '.join(ROUTED_FP8_CHOICES)} (1: the L1 on FP8 "
+                         "MMAs, l1,l2: both layers, 0: neither)")
+    return ROUTED_FP8_CHOICES[raw]
 
 
 def regs_enabled() -> bool:
