@@ -39,6 +39,7 @@ from latent_moe_fusion.ops.route_and_project import OVERLAP_ENV, OVERLAP_MAX_TOK
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import GROUP_FIRST_ENV, SHARED_ENV  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.producer_config import (  # noqa: E402
     REGS_SPLIT_ENV,
+    ROUTED_FP8_ENV,
     SHARED_L2_K_ENV,
     SHARED_L2_ROWS_ENV,
     SHARED_SPLIT_ENV,
@@ -68,6 +69,7 @@ KNOBS: dict[str, tuple[str, ...]] = {
     SHARED_FIRST_ORDER_ENV: ("shared,router,down", "router,down,shared", "down,router,shared", "router,shared,down"),
     SHARED_FIRST_URGENT_ENV: SHARED_FIRST_URGENT_CHOICES,
     DOWN_PROJECTION_ENV: ("cublas", "triton"),
+    ROUTED_FP8_ENV: ("1", "l1,l2"),  # opt-in FP8 routed kernels (LMF_ROUTED_FP8), against the default (unset)
 }
 # Knobs that act only up to this many tokens (the side-stream Triton shared expert, the grouping order).
 ACTIVE_UP_TO = {SHARED_SPLIT_ENV: 4, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4, SHARED_L2_K_ENV: 4,

@@ -124,7 +124,7 @@ def _step_mmas(cgs, cus, hi_buf, lo_buf, sc_g, sc_u, g, u, pending, a_l: gl.cons
     """The step's 4 blocks: MMAs into fresh sums, then acc += scale * sums, scheduled as MMA says:
     - "pipe": block j + 1's MMAs go out before block j's wait (two blocks in flight), all done by the step's end;
     - "block": block j's MMAs, then block j - 1's scaled adds (pending: the last step's block 3), then the wait.
-    (All 16 MMAs then one wait, 255 registers with spills, was 0.85-0.98x "block": routed_fp8_schedules.md.)
+    (All 16 MMAs then one wait, 255 registers with spills, was 0.89-0.95x "block": routed_fp8_schedules.md.)
     The waits take the accumulators as dependencies: otherwise the compiler sinks every scaled add to the end of the
     step and keeps every block's sums live."""
     tg, tu, sc_p, su_p = pending

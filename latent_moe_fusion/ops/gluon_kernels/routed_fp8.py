@@ -1,5 +1,7 @@
-"""Routed MXFP4 L1 on FP8 MMAs (opt-in, decode; Gluon, sm_90): the e2m1 codes placed as e4m3, the activations
-split per token into two e4m3 parts, the E8M0 scales applied to the FP32 sums of each 32-wide k block.
+"""Routed MXFP4 experts on FP8 MMAs (opt-in, decode; Gluon, sm_90): the e2m1 codes placed as e4m3, the activations
+split per row into two e4m3 parts, the E8M0 scales applied to the FP32 sums of each 32-wide k block. L1 (gate and
+up, SiTU, bf16 act) is what LMF_ROUTED_FP8=1 takes; L2 (on L1's act rows, split between the two) is
+LMF_ROUTED_FP8=l1,l2 (H200: no faster than the bf16 L2 once its split is paid; producer_notes.md run 18).
 
 Why: the bf16 register-dequant kernels (routed_gemm.py) are bound by the dequantiser's instruction count, not by
 their bytes (bench/results/producer_notes.md, run 17): 17 instructions per weight word, 9 of them on the
@@ -20,7 +22,7 @@ low nibbles (codes 8q + 2e) go to the first register and its high nibbles (8q + 
 MMA's k (kappa) is 16 * (k % 2) + k // 2 inside each block: the activation split writes that order (fp8_split).
 
 Thread q now reads word q of each of the step's 4 blocks (4-byte shared loads) instead of one 16-byte load: the
-TMA ring's stages are 64-byte swizzled, which makes those loads conflict-free.
+TMA ring's stages are 64-byte swizzled, which makes those loads conflict-free. The K loop: fp8_mainloop.py.
 """
 
 from __future__ import annotations
