@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import re
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from triton.backends.compiler import GPUTarget
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import write_results  # noqa: E402
 from bench.dequant_sass import sass_of  # noqa: E402
 from bench.regs_sass import LATENT, compile_sm90, registers  # noqa: E402
 from latent_moe_fusion.ops import gluon_kernels as gk  # noqa: E402
@@ -34,6 +34,10 @@ L1_FP8_SIG = {"z_hi_ptr": "*fp8e4nv", "z_lo_ptr": "*fp8e4nv", "col_factor_ptr": 
 L2_FP8_SIG = {"a_hi_ptr": "*fp8e4nv", "a_lo_ptr": "*fp8e4nv", "row_factor_ptr": "*fp32", "s_ptr": "*u8",
               "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "pairs_ptr": "*fp32", "latent": "i32", "K": "i32",
               "row_scales": "i32", "stride_se": "i32"}
+
+
+COLUMNS = ["kernel", "block_rows", "mma", "registers", "spills", "loop_instr", "wgmma", "FFMA", "HMUL2", "LOP3", "BAR",
+           "top"]
 
 
 def compile_fp8(which: str, bm: int, mma: str = "pipe") -> triton.compiler.CompiledKernel:
@@ -96,20 +100,12 @@ def main() -> None:
     rows += stats("l2_regs_kernel", compile_sm90("l2", ring="tma", bm=8), 8, 8)
     for r in rows:
         print(r, flush=True)
-    lines = [f"# FP8 routed kernels: static SASS of their K loops (sm_90, triton {triton.__version__})", "",
-             f"L = {LATENT}, k step {gk.STEP_K}; compiled on a CPU machine, not timed. One row per K loop (a kernel "
-             "for 16-row blocks holds an 8- and a 16-row MMA path); counts per k step, registers and spills (local "
-             "loads and stores anywhere) per kernel. The bf16 L1 (regs_sass.md): 385 instructions per 16-row step, "
-             "64 HMUL2.", "",
-             "| kernel | block rows | MMA | registers | spills | loop instructions / step | wgmma | FFMA | HMUL2 | LOP3 "
-             "| BAR | most frequent opcodes |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['kernel']} | {r['block_rows']} | `{r['mma']}` | {r['registers']} | {r['spills']} | "
-              f"{r['loop_instr']:g} | {r['wgmma']:g} | {r['FFMA']:g} | {r['HMUL2']:g} | {r['LOP3']:g} | {r['BAR']:g} | "
-              f"{r['top']} |" for r in rows]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fp8_sass.md").write_text("\n".join(lines) + "\n")
-    (out / "fp8_sass.json").write_text(json.dumps(rows, indent=1) + "\n")
+    meta = {"triton": triton.__version__, "target": "sm_90, compiled on a CPU machine (not timed)", "L": LATENT,
+            "k_step": gk.STEP_K}
+    notes = ("One row per K loop (a kernel for 16-row blocks holds an 8- and a 16-row MMA path); counts per k step, "
+             "registers and spills (local loads and stores anywhere) per kernel; top: the whole loop. The bf16 L1 "
+             "(regs_sass.md): 385 instructions per 16-row step, 64 HMUL2.")
+    write_results("fp8_sass", rows, COLUMNS, meta, args.out, notes)
 
 
 if __name__ == "__main__":

@@ -177,7 +177,7 @@ def test_config_context_covers_every_variable_pick_config_reads():
     import re
 
     source = inspect.getsource(producer_config)
-    read = set(re.findall(r'os\.environ\.get\(([A-Z_]+|"[A-Z_]+")', source))
+    read = set(re.findall(r'os\.environ\.get\(([A-Z][A-Z0-9_]*|"[A-Z][A-Z0-9_]*")', source))
     names = {r.strip('"') if r.startswith('"') else getattr(producer_config, r) for r in read}
     assert names <= set(producer_config.CONFIG_ENVS), names - set(producer_config.CONFIG_ENVS)
 

@@ -117,7 +117,7 @@ def test_the_switch_picks_fp8_at_decode_only(tokens, fp8, flag, layers, monkeypa
 def test_fp8_kernels_compile_for_sm90_within_4_ctas_per_sm(tmp_path):
     done = run_compiled([str(ROOT / "bench" / "fp8_sass.py"), "--out", str(tmp_path)], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads((tmp_path / "fp8_sass.json").read_text())
+    rows = json.loads((tmp_path / "fp8_sass.json").read_text())["rows"]
     l1 = [r for r in rows if r["kernel"] == "l1_fp8_kernel"]
     # 8-row blocks: one K loop (8-row MMAs); 16-row blocks: an 8- and a 16-row path
     assert [(r["block_rows"], r["mma"].split(".")[1]) for r in l1] == [(8, "64x8x32"), (16, "64x8x32"),

@@ -95,6 +95,25 @@ def _l2_fp8_rows(a_hi_ptr, a_lo_ptr, row_factor_ptr, s_ptr, w_desc, w_row, exper
 
 
 @gluon.jit
+def _by_valid_rows(rows_fn: gl.constexpr, args, sorted_ptr, row0, BM: gl.constexpr, BN: gl.constexpr,
+                   BK: gl.constexpr, NW: gl.constexpr, MMA: gl.constexpr):
+    """rows_fn(*args, ROWS, ...) with the MMA's N = ROWS: 8, 16 or 32, the fewest that hold the block's valid rows
+    (they come first). Fewer rows, fewer scaled adds (one per accumulator and 32-block). 8-row blocks compile the
+    8-row path alone (the L1: 112 registers, 4 CTAs per SM); L2 takes the same test on the block as L1, so it reads
+    only rows L1 wrote."""
+    if BM == 8:
+        rows_fn(*args, 8, BN, BK, NW, MMA)
+    else:
+        valid = _valid_rows(sorted_ptr, row0, BM, NW)
+        if valid <= 8:
+            rows_fn(*args, 8, BN, BK, NW, MMA)
+        elif BM == 16 or valid <= 16:
+            rows_fn(*args, 16, BN, BK, NW, MMA)
+        else:
+            rows_fn(*args, 32, BN, BK, NW, MMA)
+
+
+@gluon.jit
 def _block_tile(block_expert_ptr, n_total, BN: gl.constexpr):
     """This program's expert block, its first weight row and the block's expert (-1: an unused block)."""
     tiles_n = n_total // BN
@@ -114,19 +133,7 @@ def l1_fp8_kernel(z_hi_ptr, z_lo_ptr, col_factor_ptr, s_ptr, sorted_ptr, block_e
         w_row = (2 * expert, n0)  # the gate and up tiles' box in the [2E, I, K / 8] words
         args = (z_hi_ptr, z_lo_ptr, col_factor_ptr, s_ptr, w_desc, w_row, expert, sorted_ptr, act_ptr, blk * BM, n0,
                 inter, K, row_scales, stride_se, top_k, beta, lin_beta)
-        # The MMA's N: 8, 16 or 32 rows, the fewest that hold the block's valid rows (they come first). Fewer rows,
-        # fewer scaled adds (one per accumulator and 32-block). 8-row blocks compile the 8-row path alone: 112
-        # registers, 4 CTAs per SM.
-        if BM == 8:
-            _l1_fp8_rows(*args, 8, BN, BK, NW, MMA)
-        else:
-            valid = _valid_rows(sorted_ptr, blk * BM, BM, NW)
-            if valid <= 8:
-                _l1_fp8_rows(*args, 8, BN, BK, NW, MMA)
-            elif BM == 16 or valid <= 16:
-                _l1_fp8_rows(*args, 16, BN, BK, NW, MMA)
-            else:
-                _l1_fp8_rows(*args, 32, BN, BK, NW, MMA)
+        _by_valid_rows(_l1_fp8_rows, args, sorted_ptr, blk * BM, BM, BN, BK, NW, MMA)
 
 
 @gluon.jit
@@ -139,13 +146,4 @@ def l2_fp8_kernel(a_hi_ptr, a_lo_ptr, row_factor_ptr, s_ptr, sorted_ptr, block_e
     if expert >= 0:
         args = (a_hi_ptr, a_lo_ptr, row_factor_ptr, s_ptr, w_desc, expert * latent + n0, expert, sorted_ptr, pairs_ptr,
                 blk * BM, n0, latent, K, row_scales, stride_se)
-        if BM == 8:
-            _l2_fp8_rows(*args, 8, BN, BK, NW, MMA)
-        else:  # the same test as L1 on the same block: L1 wrote every row this reads
-            valid = _valid_rows(sorted_ptr, blk * BM, BM, NW)
-            if valid <= 8:
-                _l2_fp8_rows(*args, 8, BN, BK, NW, MMA)
-            elif BM == 16 or valid <= 16:
-                _l2_fp8_rows(*args, 16, BN, BK, NW, MMA)
-            else:
-                _l2_fp8_rows(*args, 32, BN, BK, NW, MMA)
+        _by_valid_rows(_l2_fp8_rows, args, sorted_ptr, blk * BM, BM, BN, BK, NW, MMA)

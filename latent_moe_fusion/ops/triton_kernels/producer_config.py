@@ -246,7 +246,7 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
                 regs_split = regs_decode_split(num_pairs)
                 # FP8 (opt-in) where few rows per hit expert are expected (16-row blocks): 8-row blocks then hold most
                 # experts' rows. Where the grouping takes 32 rows (M = 128 in the Kimi K3 block) the FP8 L1 gained
-                # 11 us and L2 lost 12 in 8-row blocks (block_kernels_fp8.md): not taken there.
+                # 11 us and L2 lost 12 in 8-row blocks (block_kernels_fp8_on.md against _off.md): not taken there.
                 fp8 = routed_fp8_layers() if not gemv and regs_split == (1, 1) and bm == 16 else (False, False)
                 return ProducerConfig(FP8_BLOCK_M if any(fp8) else bm,
                                       GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=bm == 16, split_k=split),
