@@ -191,9 +191,10 @@ def ring_for(ring: str, k_steps: int, split: int) -> str:
     return ring if split == 1 and k_steps % max(WEIGHT_RINGS[ring][1], 1) == 0 else "loads"
 
 
-def _words_descriptor(words: torch.Tensor, rows: int, ring: str, dual: bool):
+def _words_descriptor(words: torch.Tensor, rows: int, ring: str, dual: bool, swizzle: int = 0):
     """TMA descriptor of the weight words for the "tma" ring, one k step of `rows` rows per box:
-    [2E, I, K / 8] int32 with the gate and up tiles in one box (dual, L1), else [E * N, K / 8]."""
+    [2E, I, K / 8] int32 with the gate and up tiles in one box (dual, L1), else [E * N, K / 8]; swizzle: the
+    stages' swizzle in bytes (the FP8 kernels': FP8_WORDS_SWIZZLE)."""
     if ring != "tma":
         return None
     from triton.experimental.gluon import language as gl
@@ -205,7 +206,7 @@ def _words_descriptor(words: torch.Tensor, rows: int, ring: str, dual: bool):
     else:
         view = words.view(-1, words.shape[-1])
         block = [rows, STEP_K // 8]
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=view.dim())
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=view.dim())
     return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
 
 
@@ -334,17 +335,6 @@ def launch_routed_l2(
 
 
 
-def _fp8_words_descriptor(words: torch.Tensor, rows: int, dual: bool):
-    """_words_descriptor's boxes for the FP8 kernels: 64-byte swizzled stages (their 4-byte reads conflict-free)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    view = words.view(words.shape[0] * 2, words.shape[1] // 2, words.shape[2]) if dual else words.view(-1, words.shape[-1])
-    block = [2, rows, STEP_K // 8] if dual else [rows, STEP_K // 8]
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=FP8_WORDS_SWIZZLE, element_bitwidth=32, rank=view.dim())
-    return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
-
-
 def _check_fp8(k: int, block_m: int, n: int, rows: int) -> None:
     if block_m not in FP8_BLOCK_ROWS or k % FP8_K_MULTIPLE or n % rows:
         raise ValueError(f"the FP8 kernels take blocks of {FP8_BLOCK_ROWS} rows (got {block_m}), K = {k} a multiple "
@@ -363,7 +353,7 @@ def launch_routed_l1_fp8(
 
     latent, inter = z_hi.shape[1], w13.shape[1] // 2
     _check_fp8(latent, block_m, inter, 16 * L1_WARPS)
-    desc = _fp8_words_descriptor(w13.view(torch.int32), 16 * L1_WARPS, dual=True)
+    desc = _words_descriptor(w13.view(torch.int32), 16 * L1_WARPS, "tma", True, FP8_WORDS_SWIZZLE)
     grid = (num_blocks * (inter // (16 * L1_WARPS)),)
     l1_fp8_kernel[grid](
         z_hi, z_lo, col_factor, w13_scale, sorted_pairs, block_expert, act, inter, latent, latent // MXFP4_BLOCK,
@@ -383,7 +373,7 @@ def launch_routed_l2_fp8(
 
     latent, inter = w2.shape[1], a_hi.shape[1]
     _check_fp8(inter, block_m, latent, 16 * L2_WARPS)
-    desc = _fp8_words_descriptor(w2.view(torch.int32), 16 * L2_WARPS, dual=False)
+    desc = _words_descriptor(w2.view(torch.int32), 16 * L2_WARPS, "tma", False, FP8_WORDS_SWIZZLE)
     grid = (num_blocks * (latent // (16 * L2_WARPS)),)
     l2_fp8_kernel[grid](
         a_hi, a_lo, row_factor, w2_scale, sorted_pairs, block_expert, pairs, latent, inter, inter // MXFP4_BLOCK,
