@@ -13,7 +13,6 @@ kernels on the FP8 path's 8-row blocks, and the whole routed op with L1, or L1 a
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import environment, measure_ceilings, rel_l2, time_graph_ms, write_results  # noqa: E402
+from bench.common import env_applied, environment, measure_ceilings, rel_l2, time_graph_ms, write_results  # noqa: E402
 from bench.producer import BETA, INTER, LATENT, LIN_BETA, LOCAL_EXPERTS, TOP_K  # noqa: E402
 from bench.routed_regs import decode_cases  # noqa: E402
 from latent_moe_fusion.ops.fp8_split import split_e4m3  # noqa: E402
@@ -176,13 +175,12 @@ def main() -> None:
             for name, step in steps.items():
                 times[name].append(time_graph_ms(step, len(case.sets)) * 1e3)
             for name, flag in ROUTED_FLAGS.items():  # the whole routed op, as picked
-                os.environ[ROUTED_FP8_ENV] = flag
-                times[f"routed_{name}"].append(time_graph_ms(case.routed_only, len(case.sets)) * 1e3)
+                with env_applied({ROUTED_FP8_ENV: flag}):
+                    times[f"routed_{name}"].append(time_graph_ms(case.routed_only, len(case.sets)) * 1e3)
         routed = {}
         for name, flag in ROUTED_FLAGS.items():
-            os.environ[ROUTED_FP8_ENV] = flag
-            routed[name] = case.routed_only(0)
-        os.environ.pop(ROUTED_FP8_ENV)
+            with env_applied({ROUTED_FP8_ENV: flag}):
+                routed[name] = case.routed_only(0)
         t = {k: statistics.median(v) for k, v in times.items()}
         for variant in args.variants:
             fbm = _variant(variant)[1] or bm
