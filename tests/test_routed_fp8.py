@@ -135,3 +135,26 @@ def test_fp8_kernels_compile_for_sm90_within_4_ctas_per_sm(tmp_path):
     assert len(l2_fp8) == 1 and l2_fp8[0]["mma"].startswith("QGMMA.64x8x32") and l2_fp8[0]["wgmma"] == 8, l2_fp8
     assert l2_fp8[0]["spills"] == 0 and l2_fp8[0]["registers"] <= 80, l2_fp8  # 3 CTAs of 8 warps, as the bf16 L2
     assert l2_fp8[0]["loop_instr"] < l2[0]["loop_instr"], (l2_fp8, l2)
+
+
+def test_the_launchers_reject_what_the_kernels_cannot_take():
+    """Checked before any launch (CPU tensors suffice): the split kernel's input and live rows, the FP8 kernels'
+    block rows and K."""
+    from latent_moe_fusion.ops.gluon_kernels import launch_routed_l1_fp8, launch_routed_l2_fp8
+    from latent_moe_fusion.ops.triton_kernels.fp8_split import launch_split_e4m3
+
+    with pytest.raises(ValueError, match="bfloat16"):
+        launch_split_e4m3(torch.zeros(2, 64))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        launch_split_e4m3(torch.zeros(2, 48, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="one entry per row"):
+        launch_split_e4m3(torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(3, dtype=torch.int32))
+    part = torch.zeros(8, 512, dtype=torch.float8_e4m3fn)
+    factor, ids = torch.ones(8), torch.zeros(8, dtype=torch.int32)
+    w13, s13 = torch.zeros(2, 2 * 256, 256, dtype=torch.uint8), torch.zeros(2, 2 * 256, 16, dtype=torch.uint8)
+    act = torch.zeros(64, 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"blocks of \(8, 16, 32\) rows \(got 64\)"):
+        launch_routed_l1_fp8(part, part, factor, w13, s13, ids, ids, act, 1, 64, 8, 4.0, 25.0)
+    w2, s2 = torch.zeros(2, 512, 128, dtype=torch.uint8), torch.zeros(2, 512, 8, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="K = 256 a multiple of 512"):
+        launch_routed_l2_fp8(part[:, :256], part[:, :256], factor, w2, s2, ids, ids, torch.zeros(8, 512), 1, 8)
