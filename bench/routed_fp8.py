@@ -46,7 +46,7 @@ LAYER_COLUMNS = ["M", "experts_hit", "l2_floor_us", "l2_bf16_us", "act_split_us"
 ROUTED_FLAGS = {"bf16": "0", "fp8_l1": "1", "fp8": "l1,l2"}  # LMF_ROUTED_FP8 values
 NOTES = ("bf16_l1: the register-dequant L1 on the TMA ring (the default at these M); fp8_l1: the FP8 L1 "
          "(e2m1 codes as e4m3, activations split per token in two e4m3 parts, scales on the FP32 sums of each "
-         "32-block; variant: its MMA schedule, routed_fp8._step_mmas, block rows after a comma, a register cap after a colon); split: the "
+         "32-block; variant: its MMA schedule, fp8_mainloop._step_mmas, block rows after a comma, a register cap after a colon); split: the "
          "split kernel (triton_kernels/fp8_split.py) alone, split_bitwise: it equals ops.fp8_split.split_e4m3 bit for "
          "bit; *_err64: relative L2 error of the valid act "
          "rows against float64; times: medians over alternating rounds, each the CUDA-graph replay of one L1 per "
@@ -98,7 +98,7 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="+", default=[8, 32, 128])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", nargs="+", default=["pipe"],
-                    help="FP8 L1 variants: schedule (routed_fp8._step_mmas: block, pipe, step), optionally ,block rows "
+                    help="FP8 L1 variants: schedule (fp8_mainloop._step_mmas: pipe, block), optionally ,block rows "
                     "(8, 16, 32; default: the bf16 kernel's) and :maxnreg, e.g. pipe,8 or pipe,16:128")
     ap.add_argument("--name", default="routed_fp8")
     args = ap.parse_args()

@@ -139,7 +139,7 @@ def test_fp8_kernels_compile_for_sm90_within_4_ctas_per_sm(tmp_path):
 
 def test_the_launchers_reject_what_the_kernels_cannot_take():
     """Checked before any launch (CPU tensors suffice): the split kernel's input and live rows, the FP8 kernels'
-    block rows and K."""
+    block rows, K and MMA schedule (an unknown one would otherwise run the "block" schedule)."""
     from latent_moe_fusion.ops.gluon_kernels import launch_routed_l1_fp8, launch_routed_l2_fp8
     from latent_moe_fusion.ops.triton_kernels.fp8_split import launch_split_e4m3
 
@@ -155,6 +155,8 @@ def test_the_launchers_reject_what_the_kernels_cannot_take():
     act = torch.zeros(64, 256, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"blocks of \(8, 16, 32\) rows \(got 64\)"):
         launch_routed_l1_fp8(part, part, factor, w13, s13, ids, ids, act, 1, 64, 8, 4.0, 25.0)
+    with pytest.raises(ValueError, match=r"mma='step': the FP8 kernels schedule their MMAs as one of \('pipe', 'block'\)"):
+        launch_routed_l1_fp8(part, part, factor, w13, s13, ids, ids, act, 1, 8, 8, 4.0, 25.0, mma="step")
     w2, s2 = torch.zeros(2, 512, 128, dtype=torch.uint8), torch.zeros(2, 512, 8, dtype=torch.uint8)
     with pytest.raises(ValueError, match="K = 256 a multiple of 512"):
         launch_routed_l2_fp8(part[:, :256], part[:, :256], factor, w2, s2, ids, ids, torch.zeros(8, 512), 1, 8)

@@ -18,9 +18,6 @@ from ..env import env_choice
 from ..mxfp4 import BLOCK as MXFP4_BLOCK
 
 ENV_SWITCH = "LMF_MXFP4_REGS"  # read by producer_config.regs_enabled too (the picked config)
-FP8_BLOCK_ROWS = (8, 16, 32)  # the FP8 L1's blocks (routed_fp8.py), and L2's beside it
-FP8_K_MULTIPLE = 4 * 128  # the FP8 L1's K: whole rounds of its 4-stage ring of 128-wide steps
-FP8_WORDS_SWIZZLE = 64  # bytes: the FP8 kernels' 4-byte reads of a [rows, 16 words] stage are then conflict-free
 BLOCK_ROWS = (16, 32, 64, 128)  # rows per expert block the kernels take (the MMA's N at most; decode: 16, 32)
 # A block runs the MMA with N = 16 or 32 on its first rows where no more of them hold a pair (routed_gemm.
 # _valid_rows). 64-row blocks serve beyond decode: each block dequantises its weights once for twice the rows.
@@ -37,6 +34,9 @@ STAGED_MAX_REGISTERS = 128
 # 32-row blocks (L2 on the cp.async ring beyond L2_TMA_MAX_PAIRS) 0.98x at 30 rows per hit expert, 1.09x at 57,
 # 1.14x at 108, 1.20x at 211, 1.27x at 392 (EP share), 1.15x at 146, 1.27x at 293, 1.25x at 585 (all local).
 STEP_K = 128  # k per mainloop step: one 32-block per thread
+FP8_BLOCK_ROWS = (8, 16, 32)  # the FP8 kernels' blocks (routed_fp8.py)
+FP8_K_MULTIPLE = 4 * STEP_K  # the FP8 kernels' K: whole rounds of their 4-stage rings
+FP8_WORDS_SWIZZLE = 64  # bytes: the FP8 kernels' 4-byte reads of a [rows, 16 words] stage are then conflict-free
 # H200: 4 warps beat 8 for L1 (2 accumulators), 8 beat 4 for L2 (bench/results/producer_notes.md, run 6)
 L1_WARPS, L2_WARPS = 4, 8
 ROW_TILES = (16 * L1_WARPS, 16 * L2_WARPS)  # weight rows per program (16 per warp)
@@ -333,12 +333,14 @@ def launch_routed_l2(
     )
 
 
+def _check_fp8(k: int, block_m: int, n: int, rows: int, mma: str) -> None:
+    from .fp8_mainloop import MMA_SCHEDULES
 
-
-def _check_fp8(k: int, block_m: int, n: int, rows: int) -> None:
     if block_m not in FP8_BLOCK_ROWS or k % FP8_K_MULTIPLE or n % rows:
         raise ValueError(f"the FP8 kernels take blocks of {FP8_BLOCK_ROWS} rows (got {block_m}), K = {k} a multiple "
                          f"of {FP8_K_MULTIPLE} and N = {n} of {rows}")
+    if mma not in MMA_SCHEDULES:
+        raise ValueError(f"mma={mma!r}: the FP8 kernels schedule their MMAs as one of {MMA_SCHEDULES}")
 
 
 def launch_routed_l1_fp8(
@@ -348,11 +350,11 @@ def launch_routed_l1_fp8(
 ) -> None:
     """act[block rows, :I] = bf16(SiTU(gate, up)) on FP8 MMAs (routed_fp8.py; opt-in, not bitwise the bf16 path):
     z_hi, z_lo, col_factor from ops.fp8_split.split_e4m3(z) (or its kernel, triton_kernels/fp8_split.py).
-    mma: how a step schedules its MMAs and waits (routed_fp8._step_mmas); maxnreg: a register cap (tuning)."""
+    mma: how a step schedules its MMAs and waits (fp8_mainloop._step_mmas); maxnreg: a register cap (tuning)."""
     from .routed_fp8 import l1_fp8_kernel
 
     latent, inter = z_hi.shape[1], w13.shape[1] // 2
-    _check_fp8(latent, block_m, inter, 16 * L1_WARPS)
+    _check_fp8(latent, block_m, inter, 16 * L1_WARPS, mma)
     desc = _words_descriptor(w13.view(torch.int32), 16 * L1_WARPS, "tma", True, FP8_WORDS_SWIZZLE)
     grid = (num_blocks * (inter // (16 * L1_WARPS)),)
     l1_fp8_kernel[grid](
@@ -372,7 +374,7 @@ def launch_routed_l2_fp8(
     from .routed_fp8 import l2_fp8_kernel
 
     latent, inter = w2.shape[1], a_hi.shape[1]
-    _check_fp8(inter, block_m, latent, 16 * L2_WARPS)
+    _check_fp8(inter, block_m, latent, 16 * L2_WARPS, mma)
     desc = _words_descriptor(w2.view(torch.int32), 16 * L2_WARPS, "tma", False, FP8_WORDS_SWIZZLE)
     grid = (num_blocks * (latent // (16 * L2_WARPS)),)
     l2_fp8_kernel[grid](

@@ -22,8 +22,8 @@ MMA_SCHEDULES = ("pipe", "block")  # _step_mmas; "pipe" the default (H200: bench
 
 # $2: 4 bytes of codes packed (pack=4: one register holds word q's 4 bytes); $0: their low nibbles as e4m3, $1 the
 # high ones (bit placement, see the module doc). Low: magnitude << 2, sign << 4;
-# high: magnitude >> 2, sign in place.
-_E4M3_PAIRS_ASM = """
+# high: magnitude >> 2, sign in place. The CPU emulator test runs this very text.
+FP4_TO_E4M3_ASM = """
         {
         .reg .b32 lo, hi, sg;
         and.b32 lo, $2, 0x07070707;
@@ -35,8 +35,7 @@ _E4M3_PAIRS_ASM = """
         lop3.b32 $1, hi, $2, 0x80808080, 0xF8;
         }
         """
-FP4_TO_E4M3_ASM = _E4M3_PAIRS_ASM  # the CPU emulator test reads it
-_E4M3_TEXT = gl.constexpr(_E4M3_PAIRS_ASM)
+_E4M3_TEXT = gl.constexpr(FP4_TO_E4M3_ASM)
 _F32_EXP_SHIFT = gl.constexpr(23)
 _F32_EXP_MASK = gl.constexpr(0x7F800000)
 
