@@ -40,9 +40,8 @@ COLUMNS = ["kernel", "block_rows", "mma", "registers", "spills", "loop_instr", "
            "top"]
 
 
-def compile_fp8(which: str, bm: int, mma: str = "pipe", parts: int = 1) -> triton.compiler.CompiledKernel:
-    """l1_fp8_kernel or l2_fp8_kernel as their launchers call them (gluon_kernels.launch_routed_l*_fp8); parts: the
-    L1's bm-row programs per block of the grouping (its program_rows)."""
+def compile_fp8(which: str, bm: int, mma: str = "pipe") -> triton.compiler.CompiledKernel:
+    """l1_fp8_kernel or l2_fp8_kernel as their launchers call them (gluon_kernels.launch_routed_l*_fp8)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -51,9 +50,10 @@ def compile_fp8(which: str, bm: int, mma: str = "pipe", parts: int = 1) -> trito
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items()) if t != "fp32" and n != "top_k"}
     layout = gl.NVMMASharedLayout(swizzle_byte_width=gk.FP8_WORDS_SWIZZLE, element_bitwidth=32, rank=3 if l1 else 2)
     box = f"2, {16 * warps}, {gk.STEP_K // 8}" if l1 else f"{16 * warps}, {gk.STEP_K // 8}"
-    constexprs = {"BM": bm, "BK": gk.STEP_K, "num_warps": warps, "MMA": mma} | ({"PARTS": parts} if l1 else {})
-    sig = dict(sig, w_desc=f"tensordesc<i32[{box}],{layout!r}>", **dict.fromkeys(constexprs, "constexpr"))
-    src = GluonASTSource(fn=fn, signature=sig, attrs=attrs, constexprs=constexprs)
+    sig = dict(sig, w_desc=f"tensordesc<i32[{box}],{layout!r}>", BM="constexpr", BK="constexpr",
+               num_warps="constexpr", MMA="constexpr")
+    src = GluonASTSource(fn=fn, signature=sig, attrs=attrs,
+                         constexprs={"BM": bm, "BK": gk.STEP_K, "num_warps": warps, "MMA": mma})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 
@@ -73,7 +73,7 @@ def k_loops(sass: str) -> list[list[str]]:
     return [ops for s, e, ops in spans if not any(s <= s2 and e2 <= e and (s2, e2) != (s, e) for s2, e2, _ in spans)]
 
 
-def stats(name: str, kernel: triton.compiler.CompiledKernel, mmas_per_step: int, bm: int | str) -> list[dict]:
+def stats(name: str, kernel: triton.compiler.CompiledKernel, mmas_per_step: int, bm: int) -> list[dict]:
     sass = sass_of(kernel.asm["cubin"])
     rows = []
     for ops in k_loops(sass):
@@ -96,16 +96,13 @@ def main() -> None:
     rows = []
     for bm in gk.FP8_BLOCK_ROWS[:2]:
         rows += stats("l1_fp8_kernel", compile_fp8("l1", bm), 16, bm)
-    # 32-row groupings (M = 128 in the Kimi K3 block): the L1 in four 8-row programs per block
-    rows += stats("l1_fp8_kernel", compile_fp8("l1", 8, parts=4), 16, "8 of 32")
     rows += stats("l2_fp8_kernel", compile_fp8("l2", 8), 8, 8)
     rows += stats("l2_regs_kernel", compile_sm90("l2", ring="tma", bm=8), 8, 8)
     for r in rows:
         print(r, flush=True)
     meta = {"triton": triton.__version__, "target": "sm_90, compiled on a CPU machine (not timed)", "L": LATENT,
             "k_step": gk.STEP_K}
-    notes = ("One row per K loop (a kernel for 16-row blocks holds an 8- and a 16-row MMA path; \"8 of 32\": the 8-row "
-             "programs that run a 32-row grouping in parts, launch_routed_l1_fp8(program_rows=8)); counts per k step, "
+    notes = ("One row per K loop (a kernel for 16-row blocks holds an 8- and a 16-row MMA path); counts per k step, "
              "registers and spills (local loads and stores anywhere) per kernel; top: the whole loop. The bf16 L1 "
              "(regs_sass.md): 385 instructions per 16-row step, 64 HMUL2.")
     write_results("fp8_sass", rows, COLUMNS, meta, args.out, notes)

@@ -81,12 +81,10 @@ def test_split_rejects_bad_inputs(bad, what):
         split_e4m3(bad)
 
 
-def test_fp8_config_must_be_whole_k_register_kernels_on_8_or_32_row_groupings():
+def test_fp8_config_must_be_whole_k_register_kernels_on_8_row_blocks():
     tiles = pc.GemmTiles(64, 128, 4, 4)
-    for bm in (16, 64):
-        with pytest.raises(ValueError, match=f"groupings of 8 / 32 rows \\(bm\\); got bm={bm}"):
-            pc.ProducerConfig(bm, tiles, tiles, routed_regs=True, routed_fp8=(True, True))
-    assert pc.ProducerConfig(32, tiles, tiles, routed_regs=True, routed_fp8=(True, False)).bm == 32
+    with pytest.raises(ValueError, match="bm=8"):
+        pc.ProducerConfig(16, tiles, tiles, routed_regs=True, routed_fp8=(True, True))
     with pytest.raises(ValueError, match="regs_split"):
         pc.ProducerConfig(8, tiles, tiles, routed_regs=True, regs_split=(2, 2), routed_fp8=(True, False))
     with pytest.raises(ValueError, match="L2 only with L1"):
@@ -101,11 +99,11 @@ def test_the_switch_says_what_it_takes(monkeypatch):
 
 
 @pytest.mark.parametrize("flag, layers", [("1", (True, False)), ("l1,l2", (True, True))])
-@pytest.mark.parametrize("tokens, grouping", [(1, None), (8, 8), (32, 8), (128, 32), (4096, None)])
-def test_the_switch_picks_fp8_at_decode_only(tokens, grouping, flag, layers, monkeypatch):
+@pytest.mark.parametrize("tokens, fp8", [(1, False), (8, True), (32, True), (128, False), (4096, False)])
+def test_the_switch_picks_fp8_at_decode_only(tokens, fp8, flag, layers, monkeypatch):
     """LMF_ROUTED_FP8=1 (or l1,l2) on a Hopper GPU: the picked decode configs of the register-dequant kernels take the
-    FP8 L1 (and L2): in 8-row blocks where the grouping would take 16 rows, on the 32-row grouping where it takes 32
-    (not a single token's K-sliced kernels nor its GEMV, nor prefill); unset, never."""
+    FP8 L1 (and L2) in 8-row blocks where the grouping would take 16 rows (not a single token's K-sliced kernels nor
+    its GEMV, nor 32-row decode blocks, nor prefill); unset, never."""
     monkeypatch.setattr(pc, "_is_hopper", lambda: True)
     monkeypatch.setattr(pc, "_has_sm90", lambda: True)
     monkeypatch.setattr(pc, "interpreting", lambda: False)
@@ -114,9 +112,7 @@ def test_the_switch_picks_fp8_at_decode_only(tokens, grouping, flag, layers, mon
     assert not any(pc.pick_config(tokens * 16, "mxfp4", torch.bfloat16, 112).routed_fp8)
     monkeypatch.setenv(pc.ROUTED_FP8_ENV, flag)
     cfg = pc.pick_config(tokens * 16, "mxfp4", torch.bfloat16, 112)
-    assert cfg.routed_fp8 == (layers if grouping else (False, False)), cfg
-    if grouping:
-        assert cfg.bm == grouping, cfg
+    assert cfg.routed_fp8 == (layers if fp8 else (False, False)) and (cfg.bm == pc.FP8_BLOCK_M) == fp8, cfg
 
 
 def test_fp8_kernels_compile_for_sm90_within_4_ctas_per_sm(tmp_path):
@@ -124,15 +120,15 @@ def test_fp8_kernels_compile_for_sm90_within_4_ctas_per_sm(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((tmp_path / "fp8_sass.json").read_text())["rows"]
     l1 = [r for r in rows if r["kernel"] == "l1_fp8_kernel"]
-    # 8-row blocks: one K loop (8-row MMAs); 16-row blocks: an 8- and a 16-row path; 8-row parts of 32-row blocks: one
+    # 8-row blocks: one K loop (8-row MMAs); 16-row blocks: an 8- and a 16-row path
     assert [(r["block_rows"], r["mma"].split(".")[1]) for r in l1] == [(8, "64x8x32"), (16, "64x8x32"),
-                                                                         (16, "64x16x32"), ("8 of 32", "64x8x32")], l1
+                                                                         (16, "64x16x32")], l1
     for r in l1:
         assert r["mma"].startswith("QGMMA") and r["mma"].endswith("E4M3.E4M3") and r["wgmma"] == 16, r
         assert r["spills"] == 0 and r["HMUL2"] == 0 and r["BAR"] <= 2, r
-    for eight in (l1[0], l1[3]):  # the parts' program is the 8-row one plus a test of the part's first row
-        assert eight["registers"] <= 128, eight  # 4 CTAs of 4 warps per SM
-        assert eight["FFMA"] == 32 and eight["loop_instr"] < 300, eight  # the bf16 L1: 385 per step
+    eight = l1[0]
+    assert eight["registers"] <= 128, eight  # 4 CTAs of 4 warps per SM
+    assert eight["FFMA"] == 32 and eight["loop_instr"] < 300, eight  # the bf16 L1: 385 per step
     l2 = [r for r in rows if r["kernel"] == "l2_regs_kernel"]
     assert len(l2) == 1 and l2[0]["mma"].startswith("HGMMA.64x8x16") and l2[0]["spills"] == 0, l2
     l2_fp8 = [r for r in rows if r["kernel"] == "l2_fp8_kernel"]
@@ -159,10 +155,6 @@ def test_the_launchers_reject_what_the_kernels_cannot_take():
     act = torch.zeros(64, 256, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"blocks of \(8, 16, 32\) rows \(got 64\)"):
         launch_routed_l1_fp8(part, part, factor, w13, s13, ids, ids, act, 1, 64, 8, 4.0, 25.0)
-    for rows, block_m in ((16, 8), (4, 8), (24, 32)):  # more than the block, no 4-row path, not a divisor
-        with pytest.raises(ValueError, match=f"program_rows={rows}: the FP8 L1 runs .* block_m = {block_m}"):
-            launch_routed_l1_fp8(part, part, factor, w13, s13, ids, ids, act, 1, block_m, 8, 4.0, 25.0,
-                                 program_rows=rows)
     with pytest.raises(ValueError, match=r"mma='step': the FP8 kernels schedule their MMAs as one of \('pipe', 'block'\)"):
         launch_routed_l1_fp8(part, part, factor, w13, s13, ids, ids, act, 1, 8, 8, 4.0, 25.0, mma="step")
     w2, s2 = torch.zeros(2, 512, 128, dtype=torch.uint8), torch.zeros(2, 512, 8, dtype=torch.uint8)

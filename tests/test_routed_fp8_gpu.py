@@ -1,5 +1,5 @@
 """The opt-in FP8 routed kernels (LMF_ROUTED_FP8=1: the L1 with the bf16 L2, l1,l2: both; gluon_kernels/routed_fp8.py,
-8-row programs on 8- or 32-row groupings) on the GPU: the routed op against float64 and against the bf16 kernels, every output written (NaN poison), bitwise
+8-row blocks) on the GPU: the routed op against float64 and against the bf16 kernels, every output written (NaN poison), bitwise
 repeatable, replayed in a CUDA graph on fresh routings; the split kernel bit for bit its torch form; and what the
 path refuses, with errors that say so (pytest -m gpu; sm_90 only)."""
 
@@ -21,8 +21,6 @@ pytestmark = SM90_ONLY
 
 # Pairs per expert across one to five 8-row blocks, and experts with none (ids_with_rows; the rest other ranks').
 EXPERT_ROWS = {32: (0, 1, 7, 8, 9, 15, 16, 3, 0, 2, 5, 12, 16, 11), 8: (1, 8, 9, 0, 12, 3, 5, 2)}
-# On 32-row groupings: every count of 8-row parts a block can hold (1 .. 4), full blocks and a second block.
-EXPERT_ROWS_32 = {32: (0, 1, 7, 8, 9, 16, 17, 24, 25, 31, 32, 33, 3, 0, 40, 12), 8: (1, 8, 9, 17, 24, 0, 16, 3)}
 # FP8 against the bf16 kernels: both round act and the output to bf16 once; the FP8 route's products differ by
 # ~3e-5 (bench/results/fp8_split_numerics.md), so the outputs sit within ~1e-3 of each other.
 FP8_VS_BF16 = 2e-3
@@ -34,25 +32,21 @@ def _run(p, monkeypatch, flag: str) -> torch.Tensor:
     return run_experts(*p.routed_args(), out=out)
 
 
-# The FP8 path's domain: where the bf16 grouping takes 16 rows (SMALL up to 24 tokens, KIMI_RANK 12) it groups by 8;
-# where it takes 32 (SMALL 25 .. 48 tokens, KIMI_RANK 13 .. 24) the grouping stays and the L1 runs it in 8-row parts.
-CASES = [(SMALL, 8, "random", 8), (SMALL, 16, "rows", 8), (SMALL, 16, "few_experts", 8), (SMALL, 24, "one_expert", 8),
-         (KIMI_RANK, 12, "random", 8), (KIMI_RANK, 12, "rows", 8),  # KIMI_RANK is top-8: 8 tokens take the GEMV
-         (SMALL, 40, "rows", 32), (SMALL, 32, "few_experts", 32), (SMALL, 48, "one_expert", 32),
-         (KIMI_RANK, 24, "rows", 32), (KIMI_RANK, 20, "random", 32)]
+# Sizes where the grouping takes 16 rows (the FP8 path's domain): SMALL up to 24 tokens, KIMI_RANK 12.
+CASES = [(SMALL, 8, "random"), (SMALL, 16, "rows"), (SMALL, 16, "few_experts"), (SMALL, 24, "one_expert"),
+         (KIMI_RANK, 12, "random"), (KIMI_RANK, 12, "rows")]  # KIMI_RANK is top-8: 8 tokens take the GEMV
 
 
 @pytest.mark.parametrize("flag, layers", [("1", (True, False)), ("l1,l2", (True, True))])
-@pytest.mark.parametrize("sizes,m,routing,grouping", CASES,
-                         ids=[f"{'kimi' if s is KIMI_RANK else 'small'}-m{m}-{r}-g{g}" for s, m, r, g in CASES])
-def test_fp8_route_matches_float64_and_the_bf16_kernels(sizes, m, routing, grouping, flag, layers, monkeypatch,
-                                                        rng_seed):
+@pytest.mark.parametrize("sizes,m,routing", CASES,
+                         ids=[f"{'kimi' if s is KIMI_RANK else 'small'}-m{m}-{r}" for s, m, r in CASES])
+def test_fp8_route_matches_float64_and_the_bf16_kernels(sizes, m, routing, flag, layers, monkeypatch, rng_seed):
     if layers[1] and sizes["inter"] % FP8_K_MULTIPLE:
         pytest.skip(f"the FP8 L2 takes I in multiples of {FP8_K_MULTIPLE} (this problem: the bf16 L2, tested above)")
-    p = mxfp4_problem(sizes, m, routing, EXPERT_ROWS if grouping == FP8_BLOCK_M else EXPERT_ROWS_32)
+    p = mxfp4_problem(sizes, m, routing, EXPERT_ROWS)
     monkeypatch.setenv(ROUTED_FP8_ENV, flag)
     cfg = resolve_config(p.z, p.topk_ids.numel(), sizes["num_experts"], "mxfp4", sizes["inter"], None, None, p.w13, p.w2)
-    assert cfg.routed_fp8 == layers and cfg.bm == grouping, cfg  # what run_experts takes
+    assert cfg.routed_fp8 == layers and cfg.bm == FP8_BLOCK_M, cfg  # what run_experts takes
     y = _run(p, monkeypatch, flag)
     ref64 = routed64(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in p.routed_args()))
     assert rel_l2(y.cpu(), ref64) < tolerance(torch.bfloat16)
@@ -60,11 +54,10 @@ def test_fp8_route_matches_float64_and_the_bf16_kernels(sizes, m, routing, group
     assert torch.equal(y, _run(p, monkeypatch, flag))  # bitwise repeatable, every element written
 
 
-@pytest.mark.parametrize("m, rows", [(16, EXPERT_ROWS), (40, EXPERT_ROWS_32)], ids=["grouping8", "grouping32"])
-def test_fp8_route_replays_fresh_routings_in_a_cuda_graph(m, rows, monkeypatch, rng_seed):
-    p = mxfp4_problem(SMALL, m, "random", rows)
+def test_fp8_route_replays_fresh_routings_in_a_cuda_graph(monkeypatch, rng_seed):
+    p = mxfp4_problem(SMALL, 16, "random", EXPERT_ROWS)
     monkeypatch.setenv(ROUTED_FP8_ENV, "1")
-    assert_replays_fresh_routings(p, lambda routing: mxfp4_problem(SMALL, m, routing, rows),
+    assert_replays_fresh_routings(p, lambda routing: mxfp4_problem(SMALL, 16, routing, EXPERT_ROWS),
                                   lambda: _run(p, monkeypatch, "1"))
 
 

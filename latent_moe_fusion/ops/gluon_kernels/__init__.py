@@ -347,29 +347,20 @@ def launch_routed_l1_fp8(
     z_hi: torch.Tensor, z_lo: torch.Tensor, col_factor: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
     sorted_pairs: torch.Tensor, block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, block_m: int,
     top_k: int, beta: float, lin_beta: float, mma: str = "pipe", maxnreg: int | None = None,
-    program_rows: int | None = None,
 ) -> None:
     """act[block rows, :I] = bf16(SiTU(gate, up)) on FP8 MMAs (routed_fp8.py; opt-in, not bitwise the bf16 path):
     z_hi, z_lo, col_factor from ops.fp8_split.split_e4m3(z) (or its kernel, triton_kernels/fp8_split.py).
-    program_rows: rows per program when fewer than the grouping's block_m (it must divide it): each block then runs
-    as block_m / program_rows programs per weight tile, those past the block's valid rows exiting at once (8: the
-    8-row kernel, 112 registers, on 16- or 32-row groupings). mma: how a step schedules its MMAs and waits
-    (fp8_mainloop._step_mmas); maxnreg: a register cap (tuning)."""
+    mma: how a step schedules its MMAs and waits (fp8_mainloop._step_mmas); maxnreg: a register cap (tuning)."""
     from .routed_fp8 import l1_fp8_kernel
 
     latent, inter = z_hi.shape[1], w13.shape[1] // 2
     _check_fp8(latent, block_m, inter, 16 * L1_WARPS, mma)
-    rows = program_rows or block_m
-    if rows not in FP8_BLOCK_ROWS or block_m % rows:
-        raise ValueError(f"program_rows={program_rows}: the FP8 L1 runs {FP8_BLOCK_ROWS} rows per program, a divisor "
-                         f"of the grouping's block_m = {block_m}")
-    parts = block_m // rows
     desc = _words_descriptor(w13.view(torch.int32), 16 * L1_WARPS, "tma", True, FP8_WORDS_SWIZZLE)
-    grid = (num_blocks * parts * (inter // (16 * L1_WARPS)),)
+    grid = (num_blocks * (inter // (16 * L1_WARPS)),)
     l1_fp8_kernel[grid](
         z_hi, z_lo, col_factor, w13_scale, sorted_pairs, block_expert, act, inter, latent, latent // MXFP4_BLOCK,
-        top_k, w13_scale.stride(0), float(beta), float(lin_beta), desc, BM=rows, BK=STEP_K, num_warps=L1_WARPS,
-        MMA=mma, PARTS=parts, maxnreg=maxnreg,
+        top_k, w13_scale.stride(0), float(beta), float(lin_beta), desc, BM=block_m, BK=STEP_K, num_warps=L1_WARPS,
+        MMA=mma, maxnreg=maxnreg,
     )
 
 

@@ -114,31 +114,26 @@ def _by_valid_rows(rows_fn: gl.constexpr, args, sorted_ptr, row0, BM: gl.constex
 
 
 @gluon.jit
-def _block_tile(block_expert_ptr, sorted_ptr, n_total, BN: gl.constexpr, BM: gl.constexpr, PARTS: gl.constexpr):
-    """This program's first row, first weight row and expert (-1: nothing to do). Its rows are one block of the
-    grouping, or (PARTS > 1) one of the PARTS BM-row parts of one: a part whose first row holds no pair is skipped
-    (valid rows come first), so a block of few valid rows runs as few BM-row programs as hold them."""
+def _block_tile(block_expert_ptr, n_total, BN: gl.constexpr):
+    """This program's expert block, its first weight row and the block's expert (-1: an unused block)."""
     tiles_n = n_total // BN
     pid = gl.program_id(0)
-    part = pid // tiles_n
-    expert = gl.load(block_expert_ptr + part // PARTS)
-    if PARTS > 1:
-        expert = gl.where(gl.load(sorted_ptr + part * BM) >= 0, expert, -1)
-    return part * BM, (pid % tiles_n) * BN, expert
+    blk = pid // tiles_n
+    return blk, (pid % tiles_n) * BN, gl.load(block_expert_ptr + blk)
 
 
 @gluon.jit(do_not_specialize=["top_k"])
 def l1_fp8_kernel(z_hi_ptr, z_lo_ptr, col_factor_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, inter, K,
                   row_scales, top_k, stride_se, beta, lin_beta, w_desc, BM: gl.constexpr, BK: gl.constexpr,
-                  num_warps: gl.constexpr, MMA: gl.constexpr = "pipe", PARTS: gl.constexpr = 1):
+                  num_warps: gl.constexpr, MMA: gl.constexpr = "pipe"):
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
-    row0, n0, expert = _block_tile(block_expert_ptr, sorted_ptr, inter, BN, BM, PARTS)
+    blk, n0, expert = _block_tile(block_expert_ptr, inter, BN)
     if expert >= 0:
         w_row = (2 * expert, n0)  # the gate and up tiles' box in the [2E, I, K / 8] words
-        args = (z_hi_ptr, z_lo_ptr, col_factor_ptr, s_ptr, w_desc, w_row, expert, sorted_ptr, act_ptr, row0, n0,
+        args = (z_hi_ptr, z_lo_ptr, col_factor_ptr, s_ptr, w_desc, w_row, expert, sorted_ptr, act_ptr, blk * BM, n0,
                 inter, K, row_scales, stride_se, top_k, beta, lin_beta)
-        _by_valid_rows(_l1_fp8_rows, args, sorted_ptr, row0, BM, BN, BK, NW, MMA)
+        _by_valid_rows(_l1_fp8_rows, args, sorted_ptr, blk * BM, BM, BN, BK, NW, MMA)
 
 
 @gluon.jit
@@ -147,8 +142,8 @@ def l2_fp8_kernel(a_hi_ptr, a_lo_ptr, row_factor_ptr, s_ptr, sorted_ptr, block_e
                   MMA: gl.constexpr = "pipe"):
     NW: gl.constexpr = num_warps
     BN: gl.constexpr = 16 * NW
-    row0, n0, expert = _block_tile(block_expert_ptr, sorted_ptr, latent, BN, BM, 1)
+    blk, n0, expert = _block_tile(block_expert_ptr, latent, BN)
     if expert >= 0:
         args = (a_hi_ptr, a_lo_ptr, row_factor_ptr, s_ptr, w_desc, expert * latent + n0, expert, sorted_ptr, pairs_ptr,
-                row0, n0, latent, K, row_scales, stride_se)
-        _by_valid_rows(_l2_fp8_rows, args, sorted_ptr, row0, BM, BN, BK, NW, MMA)
+                blk * BM, n0, latent, K, row_scales, stride_se)
+        _by_valid_rows(_l2_fp8_rows, args, sorted_ptr, blk * BM, BM, BN, BK, NW, MMA)

@@ -52,7 +52,6 @@ from .fp8_split import launch_split_e4m3
 from .moe_align import Grouping, group_by_expert, max_blocks
 from .moe_align_choice import GroupingChoice, group_by_expert_choice, small_blocks_bound
 from .producer_config import (
-    FP8_BLOCK_M,
     PREFILL_CHOICE_MAX_ROWS,
     ROUTED_FP8_ENV,
     SPLIT_K_MAX_PAIRS,
@@ -471,7 +470,7 @@ def run_experts(
         if cfg.routed_fp8[0]:  # opt-in: whole K (the config says so), no PDL (that is for <= 16 pairs)
             pdl = False
             launch_routed_l1_fp8(*launch_split_e4m3(z), w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm,
-                                 top_k, beta, lin_beta, program_rows=FP8_BLOCK_M)
+                                 top_k, beta, lin_beta)
         else:
             launch_routed_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm, top_k, beta, lin_beta,
                              cfg.regs_split[0], signal=pdl)

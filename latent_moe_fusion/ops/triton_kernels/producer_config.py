@@ -63,8 +63,8 @@ class ProducerConfig:
     # register-dequant kernels in blocks of this many rows (moe_align_choice.py), by the local experts' rows.
     device_choice_bm: int = 0
     # Opt-in (ROUTED_FP8_ENV): (L1, L2) of the register-dequant kernels on FP8 MMAs (gluon_kernels/routed_fp8.py:
-    # activations split in two e4m3 parts per row; not bitwise the bf16 path), on groupings of FP8_GROUPING_ROWS rows
-    # (the FP8 L1 runs FP8_BLOCK_M-row programs on any of them; L2 alone cannot be FP8: the bf16 L1 has no 8-row path).
+    # activations split in two e4m3 parts per row; not bitwise the bf16 path), in blocks of FP8_BLOCK_M rows (both
+    # layers then: the bf16 L1 has no 8-row path, so L2 alone cannot be FP8).
     routed_fp8: tuple[bool, bool] = (False, False)
 
     def __post_init__(self) -> None:
@@ -72,12 +72,12 @@ class ProducerConfig:
             raise ValueError(f"ProducerConfig.regs_split must be two slice counts >= 1, got {self.regs_split}")
         if len(self.routed_fp8) != 2 or (self.routed_fp8[1] and not self.routed_fp8[0]):
             raise ValueError(f"ProducerConfig.routed_fp8 is (L1, L2) on FP8, L2 only with L1; got {self.routed_fp8}")
-        if any(self.routed_fp8) and not (self.routed_regs and not self.routed_gemv and self.bm in FP8_GROUPING_ROWS
+        if any(self.routed_fp8) and not (self.routed_regs and not self.routed_gemv and self.bm == FP8_BLOCK_M
                                          and self.regs_split == (1, 1)):
             raise ValueError(f"ProducerConfig.routed_fp8 runs the register-dequant kernels (routed_regs=True, "
-                             f"routed_gemv=False) in whole K (regs_split=(1, 1)) on groupings of "
-                             f"{' / '.join(map(str, FP8_GROUPING_ROWS))} rows (bm); got bm={self.bm}, routed_regs="
-                             f"{self.routed_regs}, routed_gemv={self.routed_gemv}, regs_split={self.regs_split}")
+                             f"routed_gemv=False) in whole K (regs_split=(1, 1)) on {FP8_BLOCK_M}-row blocks "
+                             f"(bm={FP8_BLOCK_M}); got bm={self.bm}, routed_regs={self.routed_regs}, "
+                             f"routed_gemv={self.routed_gemv}, regs_split={self.regs_split}")
 
     def with_k_dims(self, routed_k: tuple[int, int], shared_k: tuple[int, int] | None, mxfp4: bool) -> ProducerConfig:
         """Shrink each K tile until it divides its K: routed (L1: L, L2: I), shared (L1: H, L2: I_s)."""
@@ -244,12 +244,11 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
                 bn2_s = _env_power_of_two(SHARED_L2_ROWS_ENV, 64, 16)
                 bk2_s = _env_power_of_two(SHARED_L2_K_ENV, REGS_SINGLE_TOKEN_SHARED_L2_K if single else 32, 16)
                 regs_split = regs_decode_split(num_pairs)
-                # FP8 (opt-in): where the grouping would take 16 rows, it takes 8 (they hold most hit experts' rows;
-                # the bf16 L2 there was as fast or faster: block_kernels_fp8_on.md). Where it takes 32 (M = 128 in the
-                # Kimi K3 block) 8-row blocks cost the bf16 L2 12 us of the FP8 L1's 11 (against _off.md): the
-                # grouping stays, and the FP8 L1 runs it in 8-row parts (launch_routed_l1_fp8's program_rows).
-                fp8 = routed_fp8_layers() if not gemv and regs_split == (1, 1) and bm in (16, 32) else (False, False)
-                return ProducerConfig(FP8_BLOCK_M if any(fp8) and bm == 16 else bm,
+                # FP8 (opt-in) where few rows per hit expert are expected (16-row blocks): 8-row blocks then hold most
+                # experts' rows. Where the grouping takes 32 rows (M = 128 in the Kimi K3 block) the FP8 L1 gained
+                # 11 us and L2 lost 12 in 8-row blocks (block_kernels_fp8_on.md against _off.md): not taken there.
+                fp8 = routed_fp8_layers() if not gemv and regs_split == (1, 1) and bm == 16 else (False, False)
+                return ProducerConfig(FP8_BLOCK_M if any(fp8) else bm,
                                       GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=bm == 16, split_k=split),
                                       GemmTiles(64, 128, 4, 4, bk2_s, 128 if bm == 16 else 0, bn2_s, tma=bm == 16),
                                       dequant, True, regs_split, gemv, routed_fp8=fp8)
@@ -352,8 +351,7 @@ def routed_gemv_picked(num_pairs: int) -> bool:
 # FP8 L2 is 1.01-1.05x the bf16 one in the same 8-row blocks, less than its activations' split costs.
 ROUTED_FP8_ENV = "LMF_ROUTED_FP8"
 ROUTED_FP8_CHOICES = {"0": (False, False), "1": (True, False), "l1,l2": (True, True)}
-FP8_BLOCK_M = 8  # rows per FP8 L1 program: most of a decode batch's hit experts hold a few rows (routed_fp8.md)
-FP8_GROUPING_ROWS = (8, 32)  # the groupings the FP8 path takes: 8 where the bf16 path's would be 16, else 32
+FP8_BLOCK_M = 8  # rows per block on that path: most of a decode batch's hit experts hold a few rows (routed_fp8.md)
 
 
 def routed_fp8_layers() -> tuple[bool, bool]:
