@@ -69,7 +69,7 @@ KNOBS: dict[str, tuple[str, ...]] = {
     SHARED_FIRST_ORDER_ENV: ("shared,router,down", "router,down,shared", "down,router,shared", "router,shared,down"),
     SHARED_FIRST_URGENT_ENV: SHARED_FIRST_URGENT_CHOICES,
     DOWN_PROJECTION_ENV: ("cublas", "triton"),
-    ROUTED_FP8_ENV: ("1", "l1,l2"),  # opt-in FP8 routed kernels (LMF_ROUTED_FP8), against the default (unset)
+    ROUTED_FP8_ENV: ("0", "l1,l2"),  # the FP8 routed kernels (LMF_ROUTED_FP8): bf16 (0) and both layers against the default (L1)
 }
 # Knobs that act only up to this many tokens (the side-stream Triton shared expert, the grouping order).
 ACTIVE_UP_TO = {SHARED_SPLIT_ENV: 4, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4, SHARED_L2_K_ENV: 4,

@@ -77,7 +77,11 @@ def test_routed_regs_for_mxfp4_on_hopper_while_experts_hold_few_rows(hopper, mon
         return producer_config.pick_config(pairs, fmt, torch.bfloat16, LOCAL_EXPERTS).device_choice_bm
 
     monkeypatch.delenv(producer_config.PREFILL_REGS_ENV, raising=False)
-    assert pick(16) == pick(32 * 16) == (True, 16)  # decode: 16-row blocks
+    assert pick(16) == (True, 16)  # decode: 16-row blocks (a single token: its K-sliced bf16 kernels) ...
+    assert pick(32 * 16) == (True, producer_config.FP8_BLOCK_M)  # ... 8 rows on the FP8 L1 (LMF_ROUTED_FP8 default)
+    monkeypatch.setenv(producer_config.ROUTED_FP8_ENV, "0")
+    assert pick(32 * 16) == (True, 16)
+    monkeypatch.delenv(producer_config.ROUTED_FP8_ENV)
     assert pick(2048) == (True, 32)
     assert pick(64 * 16, experts=16) == (True, 32)  # where decode would take 64-row Triton blocks: 32-row regs blocks
     few = producer_config.PREFILL_REGS_FEW_ROWS * LOCAL_EXPERTS  # pairs, were every one local: M = 896 at top-16

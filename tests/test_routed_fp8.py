@@ -94,25 +94,53 @@ def test_fp8_config_must_be_whole_k_register_kernels_on_8_row_blocks():
 
 def test_the_switch_says_what_it_takes(monkeypatch):
     monkeypatch.setenv(pc.ROUTED_FP8_ENV, "yes")
-    with pytest.raises(ValueError, match="expected one of 0, 1, l1,l2"):
+    with pytest.raises(ValueError, match="expected one of 0, 1, l1,l2 .*0: neither, the bf16 kernels"):
         pc.routed_fp8_layers()
 
 
-@pytest.mark.parametrize("flag, layers", [("1", (True, False)), ("l1,l2", (True, True))])
+@pytest.mark.parametrize("flag, layers", [(None, (True, False)), ("1", (True, False)), ("l1,l2", (True, True))])
 @pytest.mark.parametrize("tokens, fp8", [(1, False), (8, True), (32, True), (128, False), (4096, False)])
 def test_the_switch_picks_fp8_at_decode_only(tokens, fp8, flag, layers, monkeypatch):
-    """LMF_ROUTED_FP8=1 (or l1,l2) on a Hopper GPU: the picked decode configs of the register-dequant kernels take the
-    FP8 L1 (and L2) in 8-row blocks where the grouping would take 16 rows (not a single token's K-sliced kernels nor
-    its GEMV, nor 32-row decode blocks, nor prefill); unset, never."""
+    """On a Hopper GPU, unset (the default: the L1) or LMF_ROUTED_FP8=1 (or l1,l2): the picked decode configs of the
+    register-dequant kernels take the FP8 L1 (and L2) in 8-row blocks where the grouping would take 16 rows (not a
+    single token's K-sliced kernels nor its GEMV, nor 32-row decode blocks, nor prefill); 0, never."""
     monkeypatch.setattr(pc, "_is_hopper", lambda: True)
     monkeypatch.setattr(pc, "_has_sm90", lambda: True)
     monkeypatch.setattr(pc, "interpreting", lambda: False)
     assert pc.ROUTED_FP8_ENV in pc.CONFIG_ENVS
-    monkeypatch.delenv(pc.ROUTED_FP8_ENV, raising=False)
+    monkeypatch.setenv(pc.ROUTED_FP8_ENV, "0")
     assert not any(pc.pick_config(tokens * 16, "mxfp4", torch.bfloat16, 112).routed_fp8)
-    monkeypatch.setenv(pc.ROUTED_FP8_ENV, flag)
+    if flag is None:
+        monkeypatch.delenv(pc.ROUTED_FP8_ENV)
+    else:
+        monkeypatch.setenv(pc.ROUTED_FP8_ENV, flag)
+    assert pc.routed_fp8_forced() == (flag is not None)
     cfg = pc.pick_config(tokens * 16, "mxfp4", torch.bfloat16, 112)
     assert cfg.routed_fp8 == (layers if fp8 else (False, False)) and (cfg.bm == pc.FP8_BLOCK_M) == fp8, cfg
+
+
+@pytest.mark.parametrize("flag", [None, "1"])
+def test_a_default_fp8_pick_falls_back_to_the_bf16_kernels_where_they_cannot_run(flag, monkeypatch):
+    """Unset, the FP8 L1 is a default: a call its kernels cannot take (here: CPU tensors, no sm_90) gets the bf16
+    kernels' config and grouping (16 rows at 8 tokens of the Kimi K3 rank); set, the config stays and run_experts
+    says why it cannot run; a given config is never changed."""
+    from latent_moe_fusion.ops.triton_kernels.expert_schedule import fp8_fallback
+
+    if flag is None:
+        monkeypatch.delenv(pc.ROUTED_FP8_ENV, raising=False)
+    else:
+        monkeypatch.setenv(pc.ROUTED_FP8_ENV, flag)
+    tiles = pc.GemmTiles(64, 128, 4, 4)
+    cfg = pc.ProducerConfig(pc.FP8_BLOCK_M, tiles, tiles, routed_regs=True, routed_fp8=(True, False))
+    z = torch.randn(8, 512).to(torch.bfloat16)
+    w13, w2 = torch.zeros(112, 512, 256, dtype=torch.uint8), torch.zeros(112, 512, 128, dtype=torch.uint8)
+    s13, s2 = torch.zeros(112, 512, 16, dtype=torch.uint8), torch.zeros(112, 512, 8, dtype=torch.uint8)
+    got = fp8_fallback(cfg, None, z, w13, w2, s13, s2, "mxfp4", 8 * 16, 112)
+    if flag is None:
+        assert got.routed_fp8 == (False, False) and got.bm == pc.decode_block_m(8 * 16, 112) == 16, got
+    else:
+        assert got is cfg
+    assert fp8_fallback(cfg, cfg, z, w13, w2, s13, s2, "mxfp4", 8 * 16, 112) is cfg
 
 
 def test_fp8_kernels_compile_for_sm90_within_4_ctas_per_sm(tmp_path):

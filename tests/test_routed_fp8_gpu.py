@@ -1,4 +1,4 @@
-"""The opt-in FP8 routed kernels (LMF_ROUTED_FP8=1: the L1 with the bf16 L2, l1,l2: both; gluon_kernels/routed_fp8.py,
+"""The FP8 routed kernels (LMF_ROUTED_FP8 unset or 1: the L1 with the bf16 L2, the default; l1,l2: both; gluon_kernels/routed_fp8.py,
 8-row blocks) on the GPU: the routed op against float64 and against the bf16 kernels, every output written (NaN poison), bitwise
 repeatable, replayed in a CUDA graph on fresh routings; the split kernel bit for bit its torch form; and what the
 path refuses, with errors that say so (pytest -m gpu; sm_90 only)."""
@@ -10,7 +10,7 @@ import torch
 
 from latent_moe_fusion.ops.fp8_split import split_e4m3
 from latent_moe_fusion.ops.gluon_kernels import FP8_K_MULTIPLE, launch_routed_l1_fp8
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import resolve_config, run_experts
+from latent_moe_fusion.ops.triton_kernels.expert_schedule import planned_grouping, resolve_config, run_experts
 from latent_moe_fusion.ops.triton_kernels.fp8_split import launch_split_e4m3
 from latent_moe_fusion.ops.triton_kernels.producer_config import FP8_BLOCK_M, ROUTED_FP8_ENV
 from tests.expert_problems import rel_l2, tolerance
@@ -26,8 +26,12 @@ EXPERT_ROWS = {32: (0, 1, 7, 8, 9, 15, 16, 3, 0, 2, 5, 12, 16, 11), 8: (1, 8, 9,
 FP8_VS_BF16 = 2e-3
 
 
-def _run(p, monkeypatch, flag: str) -> torch.Tensor:
-    monkeypatch.setenv(ROUTED_FP8_ENV, flag)
+def _run(p, monkeypatch, flag: str | None) -> torch.Tensor:
+    """The routed op with LMF_ROUTED_FP8 = flag (None: unset, the default: the FP8 L1)."""
+    if flag is None:
+        monkeypatch.delenv(ROUTED_FP8_ENV, raising=False)
+    else:
+        monkeypatch.setenv(ROUTED_FP8_ENV, flag)
     out = torch.full_like(p.z, float("nan"))
     return run_experts(*p.routed_args(), out=out)
 
@@ -37,14 +41,15 @@ CASES = [(SMALL, 8, "random"), (SMALL, 16, "rows"), (SMALL, 16, "few_experts"), 
          (KIMI_RANK, 12, "random"), (KIMI_RANK, 12, "rows")]  # KIMI_RANK is top-8: 8 tokens take the GEMV
 
 
-@pytest.mark.parametrize("flag, layers", [("1", (True, False)), ("l1,l2", (True, True))])
+@pytest.mark.parametrize("flag, layers", [(None, (True, False)), ("1", (True, False)), ("l1,l2", (True, True))],
+                         ids=["default", "1", "l1,l2"])
 @pytest.mark.parametrize("sizes,m,routing", CASES,
                          ids=[f"{'kimi' if s is KIMI_RANK else 'small'}-m{m}-{r}" for s, m, r in CASES])
 def test_fp8_route_matches_float64_and_the_bf16_kernels(sizes, m, routing, flag, layers, monkeypatch, rng_seed):
     if layers[1] and sizes["inter"] % FP8_K_MULTIPLE:
         pytest.skip(f"the FP8 L2 takes I in multiples of {FP8_K_MULTIPLE} (this problem: the bf16 L2, tested above)")
     p = mxfp4_problem(sizes, m, routing, EXPERT_ROWS)
-    monkeypatch.setenv(ROUTED_FP8_ENV, flag)
+    _run(p, monkeypatch, flag)  # sets the flag
     cfg = resolve_config(p.z, p.topk_ids.numel(), sizes["num_experts"], "mxfp4", sizes["inter"], None, None, p.w13, p.w2)
     assert cfg.routed_fp8 == layers and cfg.bm == FP8_BLOCK_M, cfg  # what run_experts takes
     y = _run(p, monkeypatch, flag)
@@ -93,6 +98,22 @@ def test_fp8_l1_refuses_blocks_it_has_no_path_for():
     ids = torch.zeros(64, dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match="blocks of"):
         launch_routed_l1_fp8(hi, lo, factor, p.w13, p.w13_scale, ids, ids[:1], act, 1, 64, 16, 4.0, 25.0)
+
+
+def test_the_default_runs_the_bf16_kernels_where_the_fp8_ones_cannot(monkeypatch, rng_seed):
+    """Unset, a call the FP8 kernels cannot take (non-contiguous gate/up weights) runs the bf16 kernels' path: the
+    same output, bit for bit, as LMF_ROUTED_FP8=0; its planned grouping is theirs (16-row blocks)."""
+    p = mxfp4_problem(SMALL, 8, "random", EXPERT_ROWS)
+    wide = torch.zeros(*p.w13.shape[:-1], p.w13.shape[-1] * 2, dtype=p.w13.dtype, device="cuda")
+    wide[..., : p.w13.shape[-1]] = p.w13
+    p.w13 = wide[..., : p.w13.shape[-1]]
+    y = _run(p, monkeypatch, None)
+    assert torch.equal(y, _run(p, monkeypatch, "0"))
+    monkeypatch.delenv(ROUTED_FP8_ENV)
+    grouping = planned_grouping(p.z, p.topk_ids, p.w13, p.w2, "mxfp4", p.w13_scale, p.w2_scale)
+    assert grouping.block_m == 16, grouping
+    out = torch.full_like(p.z, float("nan"))
+    assert torch.equal(run_experts(*p.routed_args(), out=out, grouping=grouping), y)
 
 
 def test_fp8_switch_says_when_the_kernels_cannot_take_the_call(monkeypatch, rng_seed):

@@ -60,6 +60,7 @@ from .producer_config import (
     decode_block_m,
     interpreting,
     pick_config,
+    routed_fp8_forced,
 )
 from .routed_gemv import launch_routed_gemv, routed_gemv_reason, routed_gemv_setting
 from .shared_by_library import shared_by_library
@@ -241,6 +242,21 @@ def device_choice_bm(
     return (bm, None) if why is None else (0, why)
 
 
+def fp8_fallback(
+    cfg: ProducerConfig, config: ProducerConfig | None, z: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+    w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, weight_format: str, num_pairs: int,
+    num_experts: int,
+) -> ProducerConfig:
+    """cfg, or the bf16 kernels' config where the FP8 path was picked by default (ROUTED_FP8_ENV unset) and its
+    kernels cannot take this call (regs_path_reason: weights' layout, device, ...). Set, the flag asks for FP8:
+    run_experts then says why it cannot run."""
+    if config is not None or not any(cfg.routed_fp8) or routed_fp8_forced():
+        return cfg
+    if regs_path_reason(z, w13, w2, w13_scale, w2_scale, weight_format, cfg.bm, cfg.routed_fp8) is None:
+        return cfg
+    return replace(cfg, routed_fp8=(False, False), bm=decode_block_m(num_pairs, num_experts))
+
+
 def planned_grouping(
     z: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weight_format: str,
     w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
@@ -252,6 +268,7 @@ def planned_grouping(
     num_pairs, num_experts = topk_ids.numel(), w13.shape[0]
     inter = w2.shape[-1] * (2 if weight_format == "mxfp4" else 1)
     cfg = resolve_config(z, num_pairs, num_experts, weight_format, inter, None, None, w13, w2)
+    cfg = fp8_fallback(cfg, None, z, w13, w2, w13_scale, w2_scale, weight_format, num_pairs, num_experts)
     if num_pairs == 0 or cfg.routed_gemv:
         return None
     choice_bm = device_choice_bm(cfg, z, w13, w2, w13_scale, w2_scale, weight_format, num_pairs)[0]
@@ -296,6 +313,7 @@ def run_experts(
     inter = w2.shape[-1] * (2 if mxfp4 else 1)
     num_pairs = m * top_k
     cfg = resolve_config(z, num_pairs, num_experts, weight_format, inter, shared, config, w13, w2)
+    cfg = fp8_fallback(cfg, config, z, w13, w2, w13_scale, w2_scale, weight_format, num_pairs, num_experts)
     bm = cfg.bm
     interp = interpreting()
     prec = dot_precision(z.dtype == torch.float32)
@@ -326,7 +344,7 @@ def run_experts(
             reason = split_why
         if reason is not None and any(cfg.routed_fp8) and config is None:
             raise ValueError(f"{ROUTED_FP8_ENV}: the FP8 routed kernels cannot take this call ({reason}); unset "
-                             f"{ROUTED_FP8_ENV} to run the bf16 kernels")
+                             f"{ROUTED_FP8_ENV} (the bf16 kernels run where FP8 cannot) or set it to 0")
         if reason is not None and config is not None:
             raise ValueError(f"config.routed_regs: the register-dequant kernels cannot take this call ({reason}); "
                              "use a config with routed_regs=False")

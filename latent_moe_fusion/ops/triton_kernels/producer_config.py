@@ -62,7 +62,7 @@ class ProducerConfig:
     # > 0: beyond the decode sizes, the grouping picks on the GPU between these (Triton) tiles and the
     # register-dequant kernels in blocks of this many rows (moe_align_choice.py), by the local experts' rows.
     device_choice_bm: int = 0
-    # Opt-in (ROUTED_FP8_ENV): (L1, L2) of the register-dequant kernels on FP8 MMAs (gluon_kernels/routed_fp8.py:
+    # ROUTED_FP8_ENV (default: L1): (L1, L2) of the register-dequant kernels on FP8 MMAs (gluon_kernels/routed_fp8.py:
     # activations split in two e4m3 parts per row; not bitwise the bf16 path), in blocks of FP8_BLOCK_M rows (both
     # layers then: the bf16 L1 has no 8-row path, so L2 alone cannot be FP8).
     routed_fp8: tuple[bool, bool] = (False, False)
@@ -212,7 +212,7 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
     if dtype == torch.float32:
         return ProducerConfig(16, GemmTiles(32, 32, 4, 2), GemmTiles(32, 32, 4, 2), DEQUANT_TRITON)
     if num_pairs <= DECODE_PAIRS:
-        bm = decode_block_m(num_pairs, num_experts)
+        bm = decode_bm = decode_block_m(num_pairs, num_experts)
         regs_bm = 0  # rows per block of the register-dequant kernels, where they take the call
         if weight_format == "mxfp4" and _is_hopper() and regs_enabled():
             # 64-row decode blocks: the regs kernels' prefill blocks instead (0: the Triton tiles keep 64)
@@ -244,10 +244,13 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
                 bn2_s = _env_power_of_two(SHARED_L2_ROWS_ENV, 64, 16)
                 bk2_s = _env_power_of_two(SHARED_L2_K_ENV, REGS_SINGLE_TOKEN_SHARED_L2_K if single else 32, 16)
                 regs_split = regs_decode_split(num_pairs)
-                # FP8 (opt-in) where few rows per hit expert are expected (16-row blocks): 8-row blocks then hold most
-                # experts' rows. Where the grouping takes 32 rows (M = 128 in the Kimi K3 block) the FP8 L1 gained
-                # 11 us and L2 lost 12 in 8-row blocks (block_kernels_fp8_on.md against _off.md): not taken there.
-                fp8 = routed_fp8_layers() if not gemv and regs_split == (1, 1) and bm == 16 else (False, False)
+                # FP8 (ROUTED_FP8_ENV) where few rows per hit expert are expected (16-row blocks): 8-row blocks then
+                # hold most experts' rows. Where the grouping takes 32 rows (M = 128 in the Kimi K3 block) the FP8 L1
+                # gained 11 us and L2 lost 12 in 8-row blocks (block_kernels_fp8_on.md against _off.md), and the FP8
+                # L1 in 8-row parts of the 32-row blocks gained nothing (block_kernels_fp8_parts_m128.md, commit
+                # 8c1fbfb): not taken there, nor where LMF_PREFILL_REGS forces 16-row blocks.
+                few_rows = decode_bm == bm == 16
+                fp8 = routed_fp8_layers() if not gemv and regs_split == (1, 1) and few_rows else (False, False)
                 return ProducerConfig(FP8_BLOCK_M if any(fp8) else bm,
                                       GemmTiles(64, 128, 4, 4, bk_s, 0, bn_s, tma=bm == 16, split_k=split),
                                       GemmTiles(64, 128, 4, 4, bk2_s, 128 if bm == 16 else 0, bn2_s, tma=bm == 16),
@@ -347,19 +350,29 @@ def routed_gemv_picked(num_pairs: int) -> bool:
     return forced if forced is not None else num_pairs <= ROUTED_GEMV_MAX_PAIRS
 
 
-# Opt-in, decode (ProducerConfig.routed_fp8): "1" the L1 on FP8 MMAs; "l1,l2" L2 too. H200 (routed_fp8_layers.md): the
-# FP8 L2 is 1.01-1.05x the bf16 one in the same 8-row blocks, less than its activations' split costs.
+# Decode (ProducerConfig.routed_fp8): "1" the L1 on FP8 MMAs (the default since session 28); "l1,l2" L2 too; "0" neither.
+# H200, the Kimi K3 block compiled with the pass in CUDA graphs, alternating rounds (decode_tuning_routed_fp8.md): the
+# FP8 L1 1.033 / 1.037 / 1.047 / 1.038x the bf16 kernels at M = 8 / 16 / 32 / 64 (the sizes whose grouping would take
+# 16 rows), the block's output 2.4e-3 from the bf16 path's (as far as from eager: bf16 rounding). The FP8 L2 is
+# 1.01-1.05x the bf16 one in the same 8-row blocks (routed_fp8_layers.md), less than its activations' split costs:
+# opt-in. Unset, a call the FP8 kernels cannot take runs the bf16 ones (expert_schedule.fp8_fallback); set, it raises.
 ROUTED_FP8_ENV = "LMF_ROUTED_FP8"
 ROUTED_FP8_CHOICES = {"0": (False, False), "1": (True, False), "l1,l2": (True, True)}
+ROUTED_FP8_DEFAULT = "1"
 FP8_BLOCK_M = 8  # rows per block on that path: most of a decode batch's hit experts hold a few rows (routed_fp8.md)
 
 
+def routed_fp8_forced() -> bool:
+    """Whether ROUTED_FP8_ENV is set (to anything but empty): the FP8 path then raises where it cannot run."""
+    return bool(os.environ.get(ROUTED_FP8_ENV, ""))
+
+
 def routed_fp8_layers() -> tuple[bool, bool]:
-    """(L1, L2) on FP8 MMAs as ROUTED_FP8_ENV asks (unset: neither)."""
-    raw = os.environ.get(ROUTED_FP8_ENV, "0") or "0"
+    """(L1, L2) on FP8 MMAs as ROUTED_FP8_ENV asks (unset: ROUTED_FP8_DEFAULT, the L1)."""
+    raw = os.environ.get(ROUTED_FP8_ENV, "") or ROUTED_FP8_DEFAULT
     if raw not in ROUTED_FP8_CHOICES:
         raise ValueError(f"{ROUTED_FP8_ENV}={raw!r}: expected one of {', '.join(ROUTED_FP8_CHOICES)} (1: the L1 on FP8 "
-                         "MMAs, l1,l2: both layers, 0: neither)")
+                         "MMAs, the default; l1,l2: both layers; 0: neither, the bf16 kernels)")
     return ROUTED_FP8_CHOICES[raw]
 
 
