@@ -1,4 +1,4 @@
-"""The routed experts on FP8 MMAs (opt-in, ops/gluon_kernels/routed_fp8.py) against the bf16 register-dequant kernels.
+"""The routed experts on FP8 MMAs (ops/gluon_kernels/routed_fp8.py; the L1 the default at decode since session 28) against the bf16 register-dequant kernels.
 
 Same inputs as bench/routed_ring.py (the Kimi K3 rank's share at decode, one token per row, 4 rotating input sets):
 each L1 alone, replayed from one CUDA graph, against the L1 byte floor (MXFP4 bytes of the experts hit / copy

@@ -40,7 +40,7 @@ BENCHMARKS = (
     ("dequant_whatif.py", (), None),  # timing-only: the kernels with a cheaper (wrong) dequantiser, decode + prefill
     ("dequant_encodings.py", (), None),  # exhaustive: what a repacked word could save the dequantiser (no GPU needed)
     ("fp8_split_numerics.py", (), None),  # how far FP8 MMAs on split bf16 activations would move the numbers (CPU)
-    ("routed_fp8.py", ("--variants", "pipe,8", "block,8", "pipe,16:128"), None),  # opt-in FP8 routed kernels
+    ("routed_fp8.py", ("--variants", "pipe,8", "block,8", "pipe,16:128"), None),  # FP8 routed kernels
     ("fp8_sass.py", (), None),  # static SASS of the FP8 routed kernels (no GPU needed)
     ("regs_split.py", (), None),
     ("regs_sass.py", (), None),
@@ -66,7 +66,7 @@ BENCHMARKS = (
     ("ncu_staged.py", (), "tool:ncu"),  # hardware counters and stalls of the staged kernels (Nsight Compute)
     ("shared_in_line_order.py", (), None),  # the producer's in-line shared GEMMs before the grouping or after L1
     ("decode_tuning.py", (), None),  # decode knobs (PDL sites, prefetch, shared-expert programs, ...) on the block
-    # the block with the opt-in FP8 routed kernels (L1; L1 and L2) against the default, in alternating rounds
+    # the block with the bf16 routed kernels and with FP8 L1 and L2 against the default (the FP8 L1), in alternating rounds
     ("decode_tuning.py", ("--m", "8", "16", "32", "64", "128", "--knobs", "LMF_ROUTED_FP8", "--rounds", "5", "--name",
                           "decode_tuning_routed_fp8"), None),
     ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "128", "--knobs", "LMF_SHARED_FIRST", "--rounds",

@@ -1,5 +1,5 @@
 """The FP8 routed kernels' pieces on the CPU: the e2m1 -> e4m3 placement (its very PTX, emulated, every byte), the per-token
-e4m3 split (numerics, k order, edge rows, bad inputs), the opt-in switch in the picked config, and the kernels'
+e4m3 split (numerics, k order, edge rows, bad inputs), the switch (the FP8 L1 by default) in the picked config, and the kernels'
 static SASS for sm_90 (bench/fp8_sass.py: registers, spills, FP8 wgmmas from registers)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Activations for the FP8 routed kernels (opt-in): each token's bf16 row split into two e4m3 parts.
+"""Activations for the FP8 routed kernels (the L1 by default at decode, LMF_ROUTED_FP8): each token's bf16 row split into two e4m3 parts.
 
 z * 2^f = hi + lo with hi = e4m3(z * 2^f) and lo = e4m3(z * 2^f - hi), f a power of two per token that puts its
 largest |z| at the top of e4m3's range (448). One e4m3 keeps 4 of a bf16's 8 significant bits, two keep 8 for

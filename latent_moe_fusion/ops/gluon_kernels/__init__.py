@@ -348,7 +348,7 @@ def launch_routed_l1_fp8(
     sorted_pairs: torch.Tensor, block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, block_m: int,
     top_k: int, beta: float, lin_beta: float, mma: str = "pipe", maxnreg: int | None = None,
 ) -> None:
-    """act[block rows, :I] = bf16(SiTU(gate, up)) on FP8 MMAs (routed_fp8.py; opt-in, not bitwise the bf16 path):
+    """act[block rows, :I] = bf16(SiTU(gate, up)) on FP8 MMAs (routed_fp8.py; not bitwise the bf16 path):
     z_hi, z_lo, col_factor from ops.fp8_split.split_e4m3(z) (or its kernel, triton_kernels/fp8_split.py).
     mma: how a step schedules its MMAs and waits (fp8_mainloop._step_mmas); maxnreg: a register cap (tuning)."""
     from .routed_fp8 import l1_fp8_kernel
@@ -369,7 +369,7 @@ def launch_routed_l2_fp8(
     sorted_pairs: torch.Tensor, block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int, block_m: int,
     mma: str = "pipe",
 ) -> None:
-    """pairs[pair, :] = act[row] @ W2[e]^T in FP32 on FP8 MMAs for every valid row (routed_fp8.py; opt-in): a_hi,
+    """pairs[pair, :] = act[row] @ W2[e]^T in FP32 on FP8 MMAs for every valid row (routed_fp8.py; LMF_ROUTED_FP8=l1,l2): a_hi,
     a_lo, row_factor the split of L1's act rows (triton_kernels/fp8_split.launch_split_e4m3(act))."""
     from .routed_fp8 import l2_fp8_kernel
 

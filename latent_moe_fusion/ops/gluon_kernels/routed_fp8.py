@@ -1,6 +1,6 @@
-"""Routed MXFP4 experts on FP8 MMAs (opt-in, decode; Gluon, sm_90): the e2m1 codes placed as e4m3, the activations
+"""Routed MXFP4 experts on FP8 MMAs (decode, Gluon, sm_90; LMF_ROUTED_FP8): the e2m1 codes placed as e4m3, the activations
 split per row into two e4m3 parts, the E8M0 scales applied to the FP32 sums of each 32-wide k block. L1 (gate and
-up, SiTU, bf16 act) is what LMF_ROUTED_FP8=1 takes; L2 (on L1's act rows, split between the two) is
+up, SiTU, bf16 act) is what LMF_ROUTED_FP8=1 (the default) takes; L2 (on L1's act rows, split between the two) is
 LMF_ROUTED_FP8=l1,l2 (H200: no faster than the bf16 L2 once its split is paid; producer_notes.md run 18).
 
 Why: the bf16 register-dequant kernels (routed_gemm.py) are bound by the dequantiser's instruction count, not by

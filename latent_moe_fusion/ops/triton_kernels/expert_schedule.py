@@ -485,7 +485,7 @@ def run_experts(
         if grouping is None:
             grouping = group_by_expert(topk_ids, num_experts, bm)
         sorted_pairs, block_expert = grouping.sorted_pairs, grouping.block_expert
-        if cfg.routed_fp8[0]:  # opt-in: whole K (the config says so), no PDL (that is for <= 16 pairs)
+        if cfg.routed_fp8[0]:  # whole K (the config says so), no PDL (that is for <= 16 pairs)
             pdl = False
             launch_routed_l1_fp8(*launch_split_e4m3(z), w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm,
                                  top_k, beta, lin_beta)
