@@ -246,15 +246,16 @@ def fp8_fallback(
     cfg: ProducerConfig, config: ProducerConfig | None, z: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, weight_format: str, num_pairs: int,
     num_experts: int,
-) -> ProducerConfig:
-    """cfg, or the bf16 kernels' config where the FP8 path was picked by default (ROUTED_FP8_ENV unset) and its
-    kernels cannot take this call (regs_path_reason: weights' layout, device, ...). Set, the flag asks for FP8:
-    run_experts then says why it cannot run."""
+) -> tuple[ProducerConfig, bool]:
+    """(cfg, or the bf16 kernels' config where the FP8 path was picked by default (ROUTED_FP8_ENV unset) and its
+    kernels cannot take this call (regs_path_reason: weights' layout, device, ...); whether regs_path_reason found
+    the returned config's kernels able to take it, so that run_experts need not ask again). Set, the flag asks for
+    FP8: run_experts then says why it cannot run."""
     if config is not None or not any(cfg.routed_fp8) or routed_fp8_forced():
-        return cfg
+        return cfg, False
     if regs_path_reason(z, w13, w2, w13_scale, w2_scale, weight_format, cfg.bm, cfg.routed_fp8) is None:
-        return cfg
-    return replace(cfg, routed_fp8=(False, False), bm=decode_block_m(num_pairs, num_experts))
+        return cfg, True
+    return replace(cfg, routed_fp8=(False, False), bm=decode_block_m(num_pairs, num_experts)), False
 
 
 def planned_grouping(
@@ -268,7 +269,7 @@ def planned_grouping(
     num_pairs, num_experts = topk_ids.numel(), w13.shape[0]
     inter = w2.shape[-1] * (2 if weight_format == "mxfp4" else 1)
     cfg = resolve_config(z, num_pairs, num_experts, weight_format, inter, None, None, w13, w2)
-    cfg = fp8_fallback(cfg, None, z, w13, w2, w13_scale, w2_scale, weight_format, num_pairs, num_experts)
+    cfg, _ = fp8_fallback(cfg, None, z, w13, w2, w13_scale, w2_scale, weight_format, num_pairs, num_experts)
     if num_pairs == 0 or cfg.routed_gemv:
         return None
     choice_bm = device_choice_bm(cfg, z, w13, w2, w13_scale, w2_scale, weight_format, num_pairs)[0]
@@ -313,7 +314,8 @@ def run_experts(
     inter = w2.shape[-1] * (2 if mxfp4 else 1)
     num_pairs = m * top_k
     cfg = resolve_config(z, num_pairs, num_experts, weight_format, inter, shared, config, w13, w2)
-    cfg = fp8_fallback(cfg, config, z, w13, w2, w13_scale, w2_scale, weight_format, num_pairs, num_experts)
+    cfg, fp8_checked = fp8_fallback(cfg, config, z, w13, w2, w13_scale, w2_scale, weight_format, num_pairs,
+                                    num_experts)
     bm = cfg.bm
     interp = interpreting()
     prec = dot_precision(z.dtype == torch.float32)
@@ -336,7 +338,8 @@ def run_experts(
     # kernels cannot take the call; a given one says why.
     regs = cfg.routed_regs and num_pairs > 0 and not gemv  # the GEMV, where it runs, replaces them
     if regs:
-        reason = regs_path_reason(z, w13, w2, w13_scale, w2_scale, weight_format, bm, cfg.routed_fp8)
+        reason = None if fp8_checked else \
+            regs_path_reason(z, w13, w2, w13_scale, w2_scale, weight_format, bm, cfg.routed_fp8)
         split_why = split_reason(cfg.regs_split, latent, inter) if reason is None else None
         if split_why is not None and config is None:
             cfg = replace(cfg, regs_split=(1, 1))  # a picked split that does not cut these K: whole K
