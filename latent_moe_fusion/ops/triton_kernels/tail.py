@@ -18,6 +18,7 @@ counters); a call under capture that finds no counters gets fresh zeroed ones (a
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 
@@ -63,15 +64,40 @@ def _num_sms(device: torch.device) -> int:
 COUNTER_USERS = ("tail", "down_projection")
 
 
+def _allocated_outside_graph_pools(device: torch.device) -> torch.Tensor:
+    """The counters, zeroed, in the device's ordinary memory. The first call can come inside a cudagraph tree's
+    warm-up (torch.compile mode="reduce-overhead"), which sends every allocation of its thread to the tree's pool:
+    a tensor cached from there is one the tree does not track, and it refuses to record ("tensor(s) in the
+    cudagraph pool not tracked as outputs"). Another thread's allocation goes to the ordinary pool; that thread
+    waits for its zero fill, so the counters are ready on any stream."""
+    made: list[torch.Tensor] = []
+
+    def allocate() -> None:
+        made.append(torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    if device.type != "cuda":
+        allocate()
+    else:
+        worker = threading.Thread(target=allocate)
+        worker.start()
+        worker.join()
+        if not made:
+            raise RuntimeError(f"could not allocate the split-K counters on {device} (see the error above)")
+    return made[0]
+
+
 def _counters(device: torch.device, tiles: int, user: str = "tail") -> torch.Tensor:
     slots = _COUNTER_SLOTS // len(COUNTER_USERS)
     if tiles > slots:
         raise ValueError(f"split-K {user} with {tiles} N tiles exceeds its {slots} counters; use a larger block_n")
     cached = _COUNTERS.get(device)
     if cached is None:
-        cached = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
-        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            _COUNTERS[device] = cached  # graph-private memory is not cached for eager use
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            cached = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)  # graph-private: not cached
+        else:
+            cached = _COUNTERS[device] = _allocated_outside_graph_pools(device)
     start = COUNTER_USERS.index(user) * slots
     return cached[start:start + slots]
 
