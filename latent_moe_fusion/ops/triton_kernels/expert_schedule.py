@@ -149,7 +149,7 @@ def _resolve_config(
                       l2=replace(cfg.l2, tma=cfg.l2.tma and _layout_fits(w2_layout, cfg.l2.bk, mxfp4)))
         # The FP8 kernels' rings run whole rounds: the bf16 kernels take other K (L1: L, L2: I).
         if cfg.routed_fp8[0] and routed_k[0] % FP8_K_MULTIPLE:
-            cfg = replace(cfg, routed_fp8=(False, False), bm=decode_block_m(num_pairs, num_experts))
+            cfg = _without_fp8(cfg, num_pairs, num_experts)
         elif cfg.routed_fp8[1] and routed_k[1] % FP8_K_MULTIPLE:
             cfg = replace(cfg, routed_fp8=(True, False))
     return cfg
@@ -242,6 +242,11 @@ def device_choice_bm(
     return (bm, None) if why is None else (0, why)
 
 
+def _without_fp8(cfg: ProducerConfig, num_pairs: int, num_experts: int) -> ProducerConfig:
+    """cfg on the bf16 register-dequant kernels: no FP8 layer, the grouping's rows those of the bf16 decode path."""
+    return replace(cfg, routed_fp8=(False, False), bm=decode_block_m(num_pairs, num_experts))
+
+
 def fp8_fallback(
     cfg: ProducerConfig, config: ProducerConfig | None, z: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, weight_format: str, num_pairs: int,
@@ -255,7 +260,7 @@ def fp8_fallback(
         return cfg, False
     if regs_path_reason(z, w13, w2, w13_scale, w2_scale, weight_format, cfg.bm, cfg.routed_fp8) is None:
         return cfg, True
-    return replace(cfg, routed_fp8=(False, False), bm=decode_block_m(num_pairs, num_experts)), False
+    return _without_fp8(cfg, num_pairs, num_experts), False
 
 
 def planned_grouping(
