@@ -46,6 +46,7 @@ BENCHMARKS = (
     ("regs_sass.py", (), None),
     ("shared_strategy.py", (), None),
     ("block.py", (), None),
+    ("block_targets.py", (), None),  # what issue 6's targets ask of the routed op and of the rest (block.json; CPU)
     ("block_tp.py", (), "gpus:2"),  # the block over two GPUs with NCCL (TP and SP), communication included
     ("tp.py", (), "gpus:2"),  # fragment exchange and tail: symmetric-memory peer writes against NCCL
     ("host_gaps.py", (), None),  # why prefill wall time exceeds kernel time (GPU idle gaps)
