@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the whole test suite on the GPU image's torch (2.11), then the end-to-end
-# benchmark and the demo. Usage on the GPU machine, from the repo root:
+# benchmark (with what its targets ask of each part) and the demo. Usage on the GPU machine, from the repo root:
 #   OUT=<dir> bash bench/gpu_check.sh
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -10,6 +10,7 @@ python3 -m pytest -q -x -p no:cacheprovider tests ${PYTEST_ARGS:-} 2>&1 | tail -
 tail -n 5 "$OUT/gpu_tests.txt"
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   python3 bench/block.py --out "$OUT" 2>&1 | tail -n 20
+  python3 bench/block_targets.py --out "$OUT" 2>&1 | tail -n 8
 fi
 if [ "${SKIP_DEMO:-0}" != 1 ]; then
   python3 -m latent_moe_fusion demo 2>&1 | tail -n 40 | tee "$OUT/demo_gpu.txt"
