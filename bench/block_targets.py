@@ -170,9 +170,46 @@ def main() -> None:
                        "speed of it meets the target); *_rest_needed_us: the most the fused block's rest may take "
                        "with the routed op as measured"}
     write_results("block_targets", rows, COLUMNS, meta, args.out)
+    plot(rows, Path(args.out) / "block_targets.png")
     for row in rows:
         print(f"M = {row['M']}: ratio {row['fused_vs_compiled']:.3f}x ({row['ratio_verdict']}); "
               f"x floor {row['fused_x_floor']:.2f} ({row['floor_verdict']})")
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Per M, the compiled and fused block as routed op + rest, in units of the compiled block's time, with the
+    time each target allows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.38
+    for i, row in enumerate(rows):
+        scale = row["compiled_us"]
+        for offset, rest, label in ((-width / 2, row["compiled_rest_us"], "compiled"),
+                                    (width / 2, row["fused_rest_us"], "fused")):
+            ax.bar(i + offset, row["routed_us"] / scale, width, color="tab:gray",
+                   label="routed op (both variants)" if i == 0 and label == "compiled" else None)
+            ax.bar(i + offset, rest / scale, width, bottom=row["routed_us"] / scale,
+                   color="tab:blue" if label == "compiled" else "tab:orange",
+                   label=f"rest, {label}" if i == 0 else None)
+        span = (i - width, i + width)
+        ax.hlines(1 / row["ratio_target"], *span, colors="black", linestyles="--",
+                  label="ratio target" if i == 0 else None)
+        if row["floor_target"] != "-":
+            ax.hlines(row["floor_target"] * row["floor_us"] / scale, *span, colors="tab:red", linestyles=":",
+                      label="floor target" if i == 0 else None)
+        ax.hlines(row["routed_floor_us"] / scale, *span, colors="tab:green", linewidth=1.5,
+                  label="routed op floor" if i == 0 else None)
+    ax.set_xticks(range(len(rows)), [f"M = {row['M']}" for row in rows])
+    ax.set_ylabel("time / compiled block's time")
+    ax.set_title("Kimi K3 block, one rank (H200): where each target lies")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_ylim(0, 1.05)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
