@@ -19,7 +19,7 @@ BENCHMARKS = (
     ("tail_cute_sweep.py", (), "cutlass"),
     ("tail_cute_sweep.py", ("--full-only", "--stages", "6", "8", "9", "10", "12", "14", "16", "20", "24", "--rounds", "7",
                             "--name", "tail_cute_stages"), "cutlass"),
-    ("tail_cute.py", (), "cutlass"),
+    ("tail_cute.py", ("--install-choice",), "cutlass"),  # and the per-bucket choice the package ships
     ("tail_cublas.py", (), None),  # after tail_cute: it compares cuBLAS addmm with the tail the op then picks
     ("producer.py", (), None),
     ("producer_shared_tiles.py", (), None),

@@ -8,6 +8,8 @@ Correctness of both against a float64 reference on poisoned outputs is recorded 
 
 The choice table (tail_cute_choice.json) gives a bucket to cute only where cute is at least
 CHOICE_MARGIN faster than Triton in every measured row of that bucket; unmeasured buckets stay Triton.
+With --install-choice the run also writes it into the table the package ships and the op reads
+(latent_moe_fusion/ops/cute/tail_choice.json; `make bench` does).
 
     PYTHONPATH=. python3 bench/tail_cute.py --out bench/results
 """
@@ -34,6 +36,7 @@ from bench.common import (  # noqa: E402
     write_results,
 )
 from latent_moe_fusion.ops.cute import tail_runtime  # noqa: E402
+from latent_moe_fusion.ops.cute.tail_backend import DEFAULT_CHOICE  # noqa: E402
 from latent_moe_fusion.ops.cute.tail_configs import TABLE, bucket_bound, pick_config  # noqa: E402
 
 K, N = 3584, 7168
@@ -135,6 +138,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     parser.add_argument("--m", type=int, nargs="*", default=list(M_VALUES))
     parser.add_argument("--r", type=int, nargs="*", default=list(R_VALUES))
+    parser.add_argument("--install-choice", action="store_true",
+                        help="also write the choice into the table the package ships (ops/cute/tail_choice.json)")
     args = parser.parse_args()
     if triton_tail is None:
         print(f"Triton tail unavailable ({TRITON_ERROR}); comparing against the unfused cuBLAS tail", flush=True)
@@ -189,10 +194,14 @@ def main() -> None:
              f"bucket): {choice}")
     write_results("tail_cute", rows, columns, meta, args.out, notes=notes)
     out_dir = Path(args.out)
-    (out_dir / "tail_cute_choice.json").write_text(json.dumps(
+    table = json.dumps(
         {"meta": {"source": "bench/tail_cute.py", "device": meta.get("device"), "date": meta.get("date"),
                   "rule": f"cute where >= {CHOICE_MARGIN:.0%} faster than Triton in every measured row"},
-         "choice": choice}, indent=2) + "\n")
+         "choice": choice}, indent=2) + "\n"
+    (out_dir / "tail_cute_choice.json").write_text(table)
+    if args.install_choice:  # the table the package ships and the op reads
+        DEFAULT_CHOICE.write_text(table)
+        print(f"installed the choice into {DEFAULT_CHOICE}")
     print(notes)
     print(f"{'M':>5} {'R':>2} {'cute us':>9} {'triton us':>9} {'x':>5} {'floor':>7}")
     for row in rows:

@@ -44,8 +44,27 @@ def test_forced_backend_is_used_or_refused_with_its_reason(registry, monkeypatch
     monkeypatch.setenv("LMF_BACKEND", "picky")
     with pytest.raises(RuntimeError, match="'picky' was forced .* only fp32"):
         select_backend(OP, "cpu")
-    monkeypatch.setenv("LMF_BACKEND", "nonexistent")  # names no backend of this op: normal choice
+    # a backend of another op only: this op selects as usual
+    register_backend(Backend("test_only_other_op", "elsewhere", 1, ("cpu",), fn=lambda: None))
+    monkeypatch.setenv("LMF_BACKEND", "elsewhere")
     assert select_backend(OP, "cpu").name == "fast"
+
+
+def test_a_forced_name_no_backend_answers_to_raises(registry, monkeypatch):
+    add, _ = registry
+    add("fast", 1, None)
+    add("picky", 5, None)
+    monkeypatch.setenv("LMF_BACKEND", "fsat")
+    with pytest.raises(ValueError, match=r"LMF_BACKEND='fsat' names no backend of any lmf op: expected one of fast, picky"):
+        select_backend(OP, "cpu")
+    monkeypatch.delenv("LMF_BACKEND")
+    monkeypatch.setenv(f"LMF_BACKEND_{OP.upper()}", "elsewhere")
+    with pytest.raises(ValueError, match=rf"LMF_BACKEND_{OP.upper()}='elsewhere' names no backend of lmf::{OP}: "
+                                         "expected one of fast, picky"):
+        select_backend(OP, "cpu")
+    monkeypatch.setenv(f"LMF_BACKEND_{OP.upper()}", "picky")  # the per-op name wins over LMF_BACKEND
+    monkeypatch.setenv("LMF_BACKEND", "fsat")
+    assert select_backend(OP, "cpu").name == "picky"
 
 
 def test_no_able_backend_names_every_reason(registry):

@@ -126,6 +126,9 @@ def test_supports_reasons(fake, monkeypatch):
     assert "larger max_tokens" in sm100_mega_moe.supports(*args)
     monkeypatch.delenv(sm100_mega_moe.FP8_OPT_IN)
     assert "FP8" in sm100_mega_moe.supports(*args)
+    monkeypatch.setenv(sm100_mega_moe.FP8_OPT_IN, "yes")  # a typo is refused, not read as "no"
+    with pytest.raises(ValueError, match=f"{sm100_mega_moe.FP8_OPT_IN}='yes': expected 1"):
+        sm100_mega_moe.supports(*args)
     monkeypatch.setenv(sm100_mega_moe.FP8_OPT_IN, "1")
     bf16_args = (z, ids, w, torch.zeros(E, 2 * INTER, L, dtype=torch.bfloat16),
                  torch.zeros(E, L, INTER, dtype=torch.bfloat16), None, None, "bf16") + args[8:]

@@ -104,3 +104,11 @@ def test_sm90_routed_against_reference_op(monkeypatch, m, weight_format):
     monkeypatch.setenv("LMF_BACKEND_ROUTED_EXPERTS", "reference")
     ref = torch.ops.lmf.routed_experts(*args)
     assert torch.isfinite(out).all() and rel_l2(out, ref) < TOL
+
+
+def test_layout_switch_refuses_other_words(monkeypatch):
+    monkeypatch.setenv(sm90_grouped.LAYOUT_ENV, "maskd")
+    with pytest.raises(ValueError, match=f"{sm90_grouped.LAYOUT_ENV}='maskd': expected one of masked, contiguous"):
+        sm90_grouped.choose_layout(8)
+    monkeypatch.delenv(sm90_grouped.LAYOUT_ENV)
+    assert sm90_grouped.choose_layout(8) == "masked" and sm90_grouped.choose_layout(4096) == "contiguous"

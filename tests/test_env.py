@@ -43,3 +43,23 @@ def test_permutation(monkeypatch):
         with pytest.raises(ValueError, match=r"LMF_TEST_KNOB=.*: expected the letters a, b, c, each once, "
                                              r"comma-separated, or unset"):
             env_permutation(NAME, ("a", "b", "c"), "the letters")
+
+
+@pytest.mark.parametrize("name, read", [
+    ("LMF_CHECK_IDS", "latent_moe_fusion.ops.validation:device_id_check_enabled"),
+    ("LMF_MXFP4_REGS", "latent_moe_fusion.ops.triton_kernels.producer_config:regs_enabled"),
+])
+def test_on_off_switches_refuse_other_words(monkeypatch, name, read):
+    """Only 0 switched these off before, so a typo (`off`, `false`) silently left them on."""
+    import importlib
+
+    module, attr = read.split(":")
+    enabled = getattr(importlib.import_module(module), attr)
+    for value, want in (("1", True), ("0", False), ("", True)):
+        monkeypatch.setenv(name, value)
+        assert enabled() is want
+    monkeypatch.delenv(name)
+    assert enabled() is True
+    monkeypatch.setenv(name, "off")
+    with pytest.raises(ValueError, match=rf"{name}='off': expected 1 \(.*\), 0 \(.*\) or unset"):
+        enabled()

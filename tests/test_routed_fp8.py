@@ -189,3 +189,32 @@ def test_the_launchers_reject_what_the_kernels_cannot_take():
     w2, s2 = torch.zeros(2, 512, 128, dtype=torch.uint8), torch.zeros(2, 512, 8, dtype=torch.uint8)
     with pytest.raises(ValueError, match="K = 256 a multiple of 512"):
         launch_routed_l2_fp8(part[:, :256], part[:, :256], factor, w2, s2, ids, ids, torch.zeros(8, 512), 1, 8)
+
+
+@pytest.mark.parametrize("latent, inter, flag, layer", [(256, 512, "1", "L1: the latent size 256"),
+                                                        (512, 256, "l1,l2", "L2: the intermediate size 256")])
+def test_an_fp8_layer_asked_for_whose_k_it_cannot_take_says_so(latent, inter, flag, layer, monkeypatch):
+    """The FP8 kernels take K in whole rounds of their rings (FP8_K_MULTIPLE). Unset, the default FP8 L1 quietly
+    leaves other K to the bf16 kernels; set, the picked config raises and names the layer and K instead of
+    running the bf16 kernels behind the flag's back."""
+    from latent_moe_fusion.ops.gluon_kernels import FP8_K_MULTIPLE
+    from latent_moe_fusion.ops.triton_kernels.expert_schedule import resolve_config
+
+    monkeypatch.setattr(pc, "_is_hopper", lambda: True)
+    monkeypatch.setattr(pc, "_has_sm90", lambda: True)
+    monkeypatch.setattr(pc, "interpreting", lambda: False)
+    experts, tokens = 112, 8
+    z = torch.randn(tokens, latent).to(torch.bfloat16)
+    w13 = torch.zeros(experts, 2 * inter, latent // 2, dtype=torch.uint8)
+    w2 = torch.zeros(experts, latent, inter // 2, dtype=torch.uint8)
+
+    def resolve():
+        return resolve_config(z, tokens * 16, experts, "mxfp4", inter, None, None, w13, w2)
+
+    monkeypatch.delenv(pc.ROUTED_FP8_ENV, raising=False)
+    unset = resolve()
+    assert unset.routed_fp8 == ((True, False) if latent % FP8_K_MULTIPLE == 0 else (False, False)), unset
+    monkeypatch.setenv(pc.ROUTED_FP8_ENV, flag)
+    with pytest.raises(ValueError, match=rf"{pc.ROUTED_FP8_ENV}: the FP8 routed kernels cannot take this call "
+                                         rf"\({layer} is not a multiple of {FP8_K_MULTIPLE}\); unset"):
+        resolve()

@@ -74,7 +74,11 @@ def test_triton_keeps_buckets_without_a_measured_win(tmp_path, monkeypatch):
     monkeypatch.setenv(tail_backend.CHOICE_ENV, str(table))
     assert tail_backend.supports(*_args(m=8)) is None
     assert "does not pick cute" in tail_backend.supports(*_args(m=100))
-    monkeypatch.setenv(tail_backend.CHOICE_ENV, str(tmp_path / "absent.json"))
+    monkeypatch.setenv(tail_backend.CHOICE_ENV, str(tmp_path / "absent.json"))  # a wrong path is refused ...
+    with pytest.raises(ValueError, match=f"{tail_backend.CHOICE_ENV}=.*absent.json': no such file"):
+        tail_backend.supports(*_args(m=8))
+    monkeypatch.delenv(tail_backend.CHOICE_ENV)  # ... a missing shipped table leaves every bucket to Triton
+    monkeypatch.setattr(tail_backend, "DEFAULT_CHOICE", tmp_path / "absent.json")
     assert "does not pick cute" in tail_backend.supports(*_args(m=8))
     monkeypatch.setenv("LMF_BACKEND_LATENT_TAIL", "cute")  # forcing skips the table, not the shape checks
     assert tail_backend.supports(*_args(m=8)) is None
@@ -105,3 +109,15 @@ def test_committed_choice_table_names_known_buckets_and_backends():
     bounds = {bound for bound, _ in TABLE}
     choice = tail_backend._load_choice(str(tail_backend.DEFAULT_CHOICE))
     assert set(choice) <= bounds and set(choice.values()) <= {"cute", "triton"}
+
+
+def test_the_shipped_choice_is_the_measured_record():
+    """The package ships its own copy of the choice (an installed wheel has no bench/results/); it must be the
+    last measurement's (bench/tail_cute.py --install-choice writes both)."""
+    import json
+    from pathlib import Path
+
+    record = Path(__file__).resolve().parent.parent / "bench" / "results" / "tail_cute_choice.json"
+    assert tail_backend.DEFAULT_CHOICE.parent == Path(tail_backend.__file__).resolve().parent
+    shipped = json.loads(tail_backend.DEFAULT_CHOICE.read_text())
+    assert shipped == json.loads(record.read_text()), "run bench/tail_cute.py --install-choice, or copy the record"

@@ -4,7 +4,8 @@ Selection is by priority among backends that are available (installed, right arc
 that support the arguments (sizes, dtypes). Availability is a property of the installation and
 the arguments are the same on every rank, so the choice is rank-consistent as long as every rank
 has the same installation; the fusion pass agrees availability across the group when it is built.
-`LMF_BACKEND=<name>` (all ops) or `LMF_BACKEND_<OP>=<name>` forces one backend.
+`LMF_BACKEND=<name>` (all ops; ops without a backend of that name select as usual) or
+`LMF_BACKEND_<OP>=<name>` forces one backend; a name no backend answers to raises.
 """
 
 from __future__ import annotations
@@ -50,6 +51,22 @@ def forced_backend_name(op: str) -> str | None:
     return os.environ.get(f"LMF_BACKEND_{op.upper()}") or os.environ.get("LMF_BACKEND") or None
 
 
+def _check_forced_name(op: str, forced: str, candidates: list[Backend]) -> None:
+    """A forced name that no backend answers to is a typo or a missing install: say so instead of silently
+    running the default. `LMF_BACKEND` applies to every op, so there it only has to name a backend of some op."""
+    if any(b.name == forced for b in candidates):
+        return
+    per_op = f"LMF_BACKEND_{op.upper()}"
+    if os.environ.get(per_op):
+        names = ", ".join(b.name for b in candidates)
+        raise ValueError(f"{per_op}={forced!r} names no backend of lmf::{op}: expected one of {names} (an optional "
+                         "backend is registered only where its package imports), or unset")
+    known = sorted({b.name for entries in _REGISTRY.values() for b in entries})
+    if forced not in known:
+        raise ValueError(f"LMF_BACKEND={forced!r} names no backend of any lmf op: expected one of {', '.join(known)}, "
+                         "or unset")
+
+
 def _reason(backend: Backend, device_type: str, *args: Any) -> Reason:
     if device_type not in backend.device_types:
         return f"runs on {backend.device_types}, not {device_type}"
@@ -68,6 +85,7 @@ def select_backend(op: str, device_type: str, *args: Any) -> Backend:
     forced = forced_backend_name(op)
     candidates = backends_for(op)
     if forced is not None:
+        _check_forced_name(op, forced, candidates)
         chosen = [b for b in candidates if b.name == forced]
         if chosen:
             reason = _reason(chosen[0], device_type, *args)

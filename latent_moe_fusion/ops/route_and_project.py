@@ -8,9 +8,11 @@ of the same tokens as one op, so that on CUDA they run side by side (beyond DESI
                                        first_expert, num_local)
     z            = x @ w_down^T                   in x's dtype
 
-Each output is computed by the same calls as the unfused graph makes (the same cuBLAS GEMMs, the same
-route kernel), so the rewrite changes no bit. What changes is the order on the GPU: the unfused graph
-runs router GEMM -> route -> down-projection on one stream, although the down-projection does not need
+The router's outputs are computed by the same calls as the unfused graph makes (its cuBLAS GEMM, the same
+route kernel), bit for bit. z is too with LMF_DOWN_PROJECTION=cublas; by default, up to 64 bf16 tokens on Hopper, the
+down-projection runs on the tail's Triton swap-AB kernel (ops/down_projection.py: FP32 sums, one rounding, another
+summation order), which agrees with cuBLAS to bf16 rounding, not bitwise. What changes is the order on the GPU: the
+unfused graph runs router GEMM -> route -> down-projection on one stream, although the down-projection does not need
 the router. Here the router chain goes first on the caller's stream and the down-projection on a side
 stream forked before it; the caller's stream joins before the op returns. The two cuBLAS split-K GEMMs
 each take every SM, so the down-projection starts as the router GEMM's programs retire; what runs beside

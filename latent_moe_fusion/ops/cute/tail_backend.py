@@ -1,8 +1,9 @@
 """The `cute` backend of `lmf::latent_tail` (registered at import; cutlass is imported only when it runs).
 
-Where it runs is decided per M bucket by a measured table, bench/results/tail_cute_choice.json
-(written by bench/tail_cute.py from a side-by-side run against the Triton tail): a bucket whose
-entry is not "cute", or a missing table, leaves the op to Triton. `LMF_BACKEND_LATENT_TAIL=cute`
+Where it runs is decided per M bucket by a measured table shipped with the package, tail_choice.json beside this
+file (bench/tail_cute.py --install-choice writes it from a side-by-side run against the Triton tail; the run's record
+is bench/results/tail_cute_choice.json, and a test keeps the two equal): a bucket whose entry is not "cute", or a
+missing table, leaves the op to Triton. `LMF_BACKEND_LATENT_TAIL=cute`
 forces it wherever the shapes are supported. The choice depends only on the installation, the
 table file, M, the dtype and the shapes, so every rank of a group makes the same one.
 """
@@ -26,7 +27,8 @@ OP = "latent_tail"
 NAME = "cute"
 INT32_MAX = 2**31 - 1
 CHOICE_ENV = "LMF_CUTE_TAIL_CHOICE"  # path of another choice table (tests, new measurements)
-DEFAULT_CHOICE = Path(__file__).resolve().parents[3] / "bench" / "results" / "tail_cute_choice.json"
+# Package data (pyproject.toml), so that an installed wheel chooses as the checkout does.
+DEFAULT_CHOICE = Path(__file__).resolve().with_name("tail_choice.json")
 
 
 @functools.cache
@@ -40,7 +42,13 @@ def _load_choice(path: str) -> dict[int, str]:
 
 
 def measured_choice() -> dict[int, str]:
-    return _load_choice(os.environ.get(CHOICE_ENV) or str(DEFAULT_CHOICE))
+    """The shipped table, or the one CHOICE_ENV names (which must exist: a mistyped path would hand every bucket to
+    Triton without a word)."""
+    given = os.environ.get(CHOICE_ENV)
+    if given and not Path(given).is_file():
+        raise ValueError(f"{CHOICE_ENV}={given!r}: no such file; name a choice table written by bench/tail_cute.py "
+                         "(JSON with a 'choice' of bucket bound -> 'cute' or 'triton'), or unset it for the shipped one")
+    return _load_choice(given or str(DEFAULT_CHOICE))
 
 
 @functools.cache

@@ -34,11 +34,11 @@ output) to FP8 e4m3 with per-32 UE8M0 scales, where the contract keeps them in B
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
+from ..env import env_switch
 from .agree import agreed_for, current_answer
 from .formats import e8m0_as_float, mxfp4_weight_as_deepgemm, quantize_fp8_ue8m0
 from .probe import SM100_MEGA, deep_gemm_module
@@ -119,7 +119,7 @@ def supports(
     if agreed is None or not agreed.has(SM100_MEGA):
         return (f"DeepGEMM MegaMoE not agreed for group {group_name!r}: call "
                 "latent_moe_fusion.ops.deepgemm.prepare_deepgemm_producer on every rank first")
-    if os.environ.get(FP8_OPT_IN) != "1":
+    if not env_switch(FP8_OPT_IN, on="accept FP8 routed activations", off="keep the BF16 contract, the default"):
         return (f"MegaMoE quantizes routed activations to FP8 e4m3 (the contract keeps BF16); set {FP8_OPT_IN}=1 "
                 "to accept that")
     state = state_for(group_name, mode)

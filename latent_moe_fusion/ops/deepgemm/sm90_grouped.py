@@ -28,12 +28,12 @@ There is no FP8 weight format in the op contract, so DeepGEMM's FP8 grouped vari
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 
 from ..backends import forced_backend_name
+from ..env import env_choice
 from ..mxfp4 import dequantize_mxfp4
 from ..triton_kernels.situ_rows import situ_rows
 from .agree import current_answer
@@ -193,8 +193,8 @@ def routed_contiguous(z, plan, w13, w2, beta, lin_beta, dg) -> torch.Tensor:
 
 
 def choose_layout(m: int) -> str:
-    forced = os.environ.get(LAYOUT_ENV)
-    if forced in ("masked", "contiguous"):
+    forced = env_choice(LAYOUT_ENV, ("masked", "contiguous"), "the layout of DeepGEMM's M-grouped GEMMs")
+    if forced is not None:
         return forced
     return "masked" if m <= MASKED_MAX_M else "contiguous"
 

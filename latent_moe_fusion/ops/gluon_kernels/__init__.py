@@ -14,7 +14,7 @@ import os
 import torch
 
 from ..device import capability
-from ..env import env_choice
+from ..env import env_choice, env_switch
 from ..mxfp4 import BLOCK as MXFP4_BLOCK
 
 ENV_SWITCH = "LMF_MXFP4_REGS"  # read by producer_config.regs_enabled too (the picked config)
@@ -118,13 +118,20 @@ def _gluon_importable() -> bool:
     return True
 
 
+def regs_switched_off() -> bool:
+    """LMF_MXFP4_REGS=0: the routed MXFP4 experts on the Triton tiles instead of these kernels (1 or unset: these
+    kernels wherever they can run)."""
+    return env_switch(ENV_SWITCH, on="these kernels wherever they can run, the default",
+                      off="the Triton tiles") is False
+
+
 def regs_path_reason(
     z: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor | None,
     w2_scale: torch.Tensor | None, weight_format: str, block_m: int, fp8: tuple[bool, bool] = (False, False),
 ) -> str | None:
     """Why these routed GEMMs cannot run on the register-dequant kernels (None if they can); fp8: (L1, L2) on FP8
     MMAs (launch_routed_l1_fp8, launch_routed_l2_fp8)."""
-    if os.environ.get(ENV_SWITCH, "1") == "0":
+    if regs_switched_off():
         return f"{ENV_SWITCH}=0"
     if weight_format != "mxfp4":
         return "only MXFP4 weights"

@@ -13,6 +13,7 @@ import torch
 from ..device import current_capability
 from ..gluon_kernels import BLOCK_ROWS as REGS_BLOCK_M
 from ..gluon_kernels import ENV_SWITCH as REGS_ENV_SWITCH
+from ..gluon_kernels import regs_switched_off
 from .routed_gemv import ROUTED_GEMV_ENV, ROUTED_GEMV_MAX_PAIRS, routed_gemv_setting
 from .weight_tiles import DEQUANT_ASM_PAIRS, DEQUANT_LUT, DEQUANT_TRITON
 
@@ -377,7 +378,7 @@ def routed_fp8_layers() -> tuple[bool, bool]:
 
 
 def regs_enabled() -> bool:
-    return os.environ.get(REGS_ENV_SWITCH, "1") != "0"
+    return not regs_switched_off()
 
 
 def _is_hopper() -> bool:
