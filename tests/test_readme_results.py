@@ -1,16 +1,17 @@
-"""The README's headline tables say what the committed results say: the block table is bench/results/block.json and
-the targets table bench/results/block_targets.json, each figure rounded to the digits the README shows. A new
-`make bench` run fails this until the README is brought in step with it."""
+"""The README's headline tables say what the committed results say: the block table is bench/results/block.json, the
+targets table block_targets.json, the tail table tail_cute.json and the router chain table route.json, each figure
+rounded to the digits the README shows. A new `make bench` run fails this until the README is brought in step."""
 
 import json
 import re
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e-?\d+)?")
 
 
 def _table(header_start: str) -> list[list[str]]:
@@ -31,9 +32,9 @@ def _numbers(cell: str) -> list[str]:
 
 
 def _agrees(shown: str, value: float) -> bool:
-    """`shown` is `value` rounded to the digits it shows."""
-    decimals = len(shown.split(".")[1]) if "." in shown else 0
-    return abs(float(shown) - value) <= 0.5 * 10 ** -decimals + 1e-9
+    """`shown` is `value` rounded to the digits it shows (6.1e-08: to 1e-9)."""
+    half_unit = float(Decimal(1).scaleb(Decimal(shown).as_tuple().exponent)) / 2
+    return abs(float(shown) - value) <= half_unit * (1 + 1e-9)
 
 
 def _rows_by_m(name: str) -> dict[int, dict]:
@@ -76,3 +77,29 @@ def test_block_targets_json_is_derived_from_block_json():
     block_meta = json.loads((RESULTS / "block.json").read_text())["meta"]
     targets_meta = json.loads((RESULTS / "block_targets.json").read_text())["meta"]
     assert targets_meta["date"] == block_meta["date"], "re-run bench/block_targets.py after bench/block.py"
+
+
+def test_tail_table_is_tail_cute_json():
+    measured = {(r["M"], r["R"]): r for r in json.loads((RESULTS / "tail_cute.json").read_text())["rows"]}
+    rows = _table("| M | R | unfused (cuBLAS mm + FP32 sum + add) us |")
+    assert rows
+    for cells in rows:
+        row = measured[int(cells[0]), int(cells[1])]
+        best = min(row["triton_us"], row["cute_us"]) / row["floor_us"]
+        for value, cell in zip((row["unfused_us"], row["triton_us"], row["cute_us"], row["floor_us"], best), cells[2:],
+                               strict=True):
+            assert _agrees(cell, value), f"README tail M = {cells[0]} R = {cells[1]}: {cell} against {value:.4g}"
+
+
+def test_router_chain_table_is_route_json():
+    measured = _rows_by_m("route")
+    columns = ["eager_us", "compiled_us", "compiled+fused_us", "fused_vs_compiled", "floor_us", "one_kernel_us"]
+    rows = _table("| M | eager us | compiled us | fused us | fused / compiled | floor us | one kernel us |")
+    assert [int(r[0]) for r in rows] == sorted(measured)
+    for cells in rows:
+        row = measured[int(cells[0])]
+        for key, cell in zip(columns, cells[1:7], strict=True):
+            (shown,) = _numbers(cell)
+            assert _agrees(shown, row[key]), f"README router M = {cells[0]} {key}: {cell} against {row[key]:.4g}"
+        assert (cells[7] == "yes") is row["ids_equal_compiled"]
+        assert _agrees(cells[8], row["weights_rel_l2_vs_compiled"])
