@@ -101,5 +101,6 @@ def test_router_chain_table_is_route_json():
         for key, cell in zip(columns, cells[1:7], strict=True):
             (shown,) = _numbers(cell)
             assert _agrees(shown, row[key]), f"README router M = {cells[0]} {key}: {cell} against {row[key]:.4g}"
-        assert (cells[7] == "yes") is row["ids_equal_compiled"]
-        assert _agrees(cells[8], row["weights_rel_l2_vs_compiled"])
+        assert (cells[7] == "yes") is row["ids_equal_compiled"], f"README router M = {cells[0]}: ids {cells[7]}"
+        weights = row["weights_rel_l2_vs_compiled"]
+        assert _agrees(cells[8], weights), f"README router M = {cells[0]} weights: {cells[8]} against {weights:.4g}"
