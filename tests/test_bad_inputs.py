@@ -210,3 +210,16 @@ def test_id_check_opt_out_is_read_and_keeps_cpu_checked(monkeypatch):
     args["topk_ids"][1, 2] = E
     with pytest.raises(LmfInputError, match=f"topk_ids holds expert id {E}"):
         torch.ops.lmf.routed_experts(**args)
+
+
+def test_every_negative_id_is_an_expert_elsewhere():
+    """DESIGN.md: ids < 0 are skipped (the expert is not on this rank), whatever their value; the range error says so."""
+    args = _routed(torch.Generator().manual_seed(6))
+    args["topk_ids"][0, 0] = -1
+    skipped = torch.ops.lmf.routed_experts(**args)
+    for other in (-2, -7, -(2**31)):
+        args["topk_ids"][0, 0] = other
+        assert torch.equal(torch.ops.lmf.routed_experts(**args), skipped), other
+    args["topk_ids"][0, 0] = E
+    with pytest.raises(LmfInputError, match=rf"valid: 0..{E - 1}, or any id < 0 for an expert not on this rank"):
+        torch.ops.lmf.routed_experts(**args)

@@ -83,6 +83,9 @@ BAD = [
     ("x_s", dict(x_s=torch.randn(5, H).bfloat16()), "x_s"),
     ("w1_s", dict(w1_s=torch.randn(8, H + 8).bfloat16()), "w1_s"),
     ("mode", dict(mode="scatter"), "mode must be one of"),
+    # mxfp4 needs L in multiples of 32: the producer's check names z, which this op makes from x and w_down
+    ("w_down", dict(w_down=torch.randn(48, H).bfloat16()),
+     r"z.shape\[1\] = 48 .* \(here z = x @ w_down\^T is \[M = 4: x's rows, L = 48: w_down's rows\]\)"),
     ("weight_format", dict(weight_format="fp8"), "weight_format"),
 ]
 

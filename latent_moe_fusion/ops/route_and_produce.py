@@ -32,6 +32,8 @@ SHARED_FIRST_MIN_TOKENS on. Elsewhere the op runs the two ops in a row.
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from .backends import Backend, register_backend, select_backend
@@ -43,7 +45,7 @@ from .reference import ANY_DEVICE
 from .route_and_project import route_and_project_cuda, route_and_project_reference, validate_route_and_project
 from .routing import router_logits
 from .streams import side_stream
-from .validation import _fail
+from .validation import LmfInputError, _fail
 
 OP = "route_and_produce"
 SHARED_FIRST_ENV = "LMF_SHARED_FIRST"  # "1" always shared-first, "0" never (A/B switch); unset: by token count
@@ -81,7 +83,13 @@ def validate_route_and_produce(*args) -> tuple[int, int, int, int]:
     ids = x.new_empty((m, top_k), dtype=torch.int32)
     weights = x.new_empty((m, top_k), dtype=torch.float32)
     z = x.new_empty((m, latent))
-    m, hidden, world, num_experts = _validate_producer(z, ids, weights, *produce_args, ids=False, op=OP)
+    try:
+        m, hidden, world, num_experts = _validate_producer(z, ids, weights, *produce_args, ids=False, op=OP)
+    except LmfInputError as exc:  # the producer's checks name z, which this op computes from x and w_down
+        if not re.search(r"\bz\b", str(exc)):
+            raise
+        raise LmfInputError(f"{exc} (here z = x @ w_down^T is [M = {m}: x's rows, L = {latent}: w_down's rows])") \
+            from None
     if args[9] != num_experts:
         _fail(OP, f"num_local = {args[9]} but w13 holds {num_experts} experts: the route's ids index w13's experts")
     return m, hidden, world, latent

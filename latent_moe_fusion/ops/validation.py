@@ -72,7 +72,8 @@ def device_id_check_enabled() -> bool:
 
 def _ids_out_of_range(op: str, top: int, num_experts: int) -> None:
     if top >= num_experts:
-        _fail(op, f"topk_ids holds expert id {top} but w13 has only {num_experts} experts (valid: -1..{num_experts - 1})")
+        _fail(op, f"topk_ids holds expert id {top} but w13 has only {num_experts} experts (valid: 0..{num_experts - 1}, "
+                  "or any id < 0 for an expert not on this rank, which is skipped)")
 
 
 class DeferredIdCheck:
