@@ -43,6 +43,7 @@ BENCHMARKS = (
     ("routed_fp8.py", ("--variants", "pipe,8", "block,8", "pipe,16:128"), None),  # FP8 routed kernels
     ("fp8_sass.py", (), None),  # static SASS of the FP8 routed kernels (no GPU needed)
     ("regs_split.py", (), None),
+    ("dequant_sass.py", (), None),  # static SASS of the Triton tiles' dequantisers (no GPU needed)
     ("regs_sass.py", (), None),
     ("shared_strategy.py", (), None),
     ("block.py", (), None),

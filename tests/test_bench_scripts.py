@@ -61,3 +61,11 @@ def test_a_script_that_cannot_import_or_parse_is_reported(tmp_path):
     no_out.write_text("import argparse\nargparse.ArgumentParser().parse_args()\n")
     code, out, _ = _help(no_out)
     assert code == 0 and "--out" not in out  # the test above would then fail on the missing --out
+
+
+def test_every_benchmark_script_is_in_make_bench():
+    """A script with a main that run_all.py does not list would never regenerate its results."""
+    helpers = {"run_all.py"}
+    scripts = {p.name for p in BENCH_DIR.glob("*.py") if "__main__" in p.read_text()} - helpers
+    missing = sorted(scripts - set(SCRIPTS))
+    assert not missing, f"bench/run_all.py BENCHMARKS does not list {missing}"
