@@ -52,10 +52,8 @@ def forced_backend_name(op: str) -> str | None:
 
 
 def _check_forced_name(op: str, forced: str, candidates: list[Backend]) -> None:
-    """A forced name that no backend answers to is a typo or a missing install: say so instead of silently
-    running the default. `LMF_BACKEND` applies to every op, so there it only has to name a backend of some op."""
-    if any(b.name == forced for b in candidates):
-        return
+    """`forced` names no backend of `op`. That is a typo or a missing install: say so instead of silently running the
+    default. `LMF_BACKEND` applies to every op, so there it only has to name a backend of some op."""
     per_op = f"LMF_BACKEND_{op.upper()}"
     if os.environ.get(per_op):
         names = ", ".join(b.name for b in candidates)
@@ -85,8 +83,9 @@ def select_backend(op: str, device_type: str, *args: Any) -> Backend:
     forced = forced_backend_name(op)
     candidates = backends_for(op)
     if forced is not None:
-        _check_forced_name(op, forced, candidates)
         chosen = [b for b in candidates if b.name == forced]
+        if not chosen:
+            _check_forced_name(op, forced, candidates)
         if chosen:
             reason = _reason(chosen[0], device_type, *args)
             if reason is not None:

@@ -32,23 +32,24 @@ DEFAULT_CHOICE = Path(__file__).resolve().with_name("tail_choice.json")
 
 
 @functools.cache
-def _load_choice(path: str) -> dict[int, str]:
-    """{bucket bound: backend name}; empty when the file is absent (Triton keeps every bucket)."""
+def _load_choice(path: str, required: bool = False) -> dict[int, str]:
+    """{bucket bound: backend name}; empty when the file is absent (Triton keeps every bucket), unless `required`:
+    a table named by CHOICE_ENV must exist, since a mistyped path would hand every bucket to Triton without a word."""
     p = Path(path)
     if not p.is_file():
+        if required:
+            raise ValueError(f"{CHOICE_ENV}={path!r}: no such file; name a choice table written by bench/tail_cute.py "
+                             "(JSON with a 'choice' of bucket bound -> 'cute' or 'triton'), or unset it for the shipped "
+                             "one")
         return {}
     data = json.loads(p.read_text())
     return {int(bound): str(name) for bound, name in data.get("choice", {}).items()}
 
 
 def measured_choice() -> dict[int, str]:
-    """The shipped table, or the one CHOICE_ENV names (which must exist: a mistyped path would hand every bucket to
-    Triton without a word)."""
+    """The shipped table, or the one CHOICE_ENV names."""
     given = os.environ.get(CHOICE_ENV)
-    if given and not Path(given).is_file():
-        raise ValueError(f"{CHOICE_ENV}={given!r}: no such file; name a choice table written by bench/tail_cute.py "
-                         "(JSON with a 'choice' of bucket bound -> 'cute' or 'triton'), or unset it for the shipped one")
-    return _load_choice(given or str(DEFAULT_CHOICE))
+    return _load_choice(given, required=True) if given else _load_choice(str(DEFAULT_CHOICE))
 
 
 @functools.cache

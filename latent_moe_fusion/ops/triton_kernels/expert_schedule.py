@@ -149,15 +149,16 @@ def _resolve_config(
                       l2=replace(cfg.l2, tma=cfg.l2.tma and _layout_fits(w2_layout, cfg.l2.bk, mxfp4)))
         # The FP8 kernels' rings run whole rounds: the bf16 kernels take other K (L1: L, L2: I). Asked for by
         # ROUTED_FP8_ENV, a layer that cannot run says so, as run_experts does for its other reasons.
-        for layer, (fp8, k, what) in enumerate(zip(cfg.routed_fp8, routed_k, ("latent size", "intermediate size"),
-                                                   strict=True)):
-            if fp8 and k % FP8_K_MULTIPLE and routed_fp8_forced():
-                raise ValueError(f"{ROUTED_FP8_ENV}: the FP8 routed kernels cannot take this call (L{layer + 1}: the "
-                                 f"{what} {k} is not a multiple of {FP8_K_MULTIPLE}); unset {ROUTED_FP8_ENV} (the "
-                                 "bf16 kernels run where FP8 cannot) or set it to 0")
-        if cfg.routed_fp8[0] and routed_k[0] % FP8_K_MULTIPLE:
+        misfit = [fp8 and k % FP8_K_MULTIPLE != 0 for fp8, k in zip(cfg.routed_fp8, routed_k, strict=True)]
+        if any(misfit) and routed_fp8_forced():
+            layer = misfit.index(True)
+            raise ValueError(f"{ROUTED_FP8_ENV}: the FP8 routed kernels cannot take this call (L{layer + 1}: the "
+                             f"{('latent size', 'intermediate size')[layer]} {routed_k[layer]} is not a multiple of "
+                             f"{FP8_K_MULTIPLE}); unset {ROUTED_FP8_ENV} (the bf16 kernels run where FP8 cannot) or "
+                             "set it to 0")
+        if misfit[0]:
             cfg = _without_fp8(cfg, num_pairs, num_experts)
-        elif cfg.routed_fp8[1] and routed_k[1] % FP8_K_MULTIPLE:
+        elif misfit[1]:
             cfg = replace(cfg, routed_fp8=(True, False))
     return cfg
 
