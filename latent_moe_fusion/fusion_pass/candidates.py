@@ -19,6 +19,8 @@ import torch
 from torch import fx
 
 from .config import FusionConfig
+from .node_args import check_walked, target_name
+from .reject import Reject
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -29,10 +31,31 @@ COLLECTIVE_FORMS = {
     c10d.all_reduce.default: "all_reduce",
     c10d.reduce_scatter_tensor.default: "sequence_parallel",
 }
+# Matmul forms other than aten.mm that a projection can take in a post-grad graph, and why the fused ops,
+# which take aten.mm with the weight as an input, cannot.
+OTHER_MATMULS = {
+    "aten.addmm.default": "adds a bias (F.linear with a bias); the fused ops compute the projection without one",
+    "aten.mm.dtype": "casts its output (mm with out_dtype); the fused ops keep the activation dtype",
+    "aten.bmm.default": "is a batched matmul; the fused ops take a 2-D aten.mm",
+    "aten.baddbmm.default": "is a batched matmul with a bias; the fused ops take a 2-D aten.mm",
+}
+PACKED_LINEAR = ("is a CPU linear on a prepacked weight (Inductor's freezing packs weights on CPU); the fused ops "
+                 "take aten.mm with the weight as a graph input, so compile without freezing to fuse")
 
 
-class Reject(Exception):
-    """A candidate the pass leaves alone; the message is the reason reported."""
+def other_matmul(node: object) -> str | None:
+    """Why `node` is a matmul the fused ops cannot take, or None if it is no matmul (or a plain aten.mm)."""
+    if not isinstance(node, fx.Node) or node.op != "call_function" or node.target is MM:
+        return None
+    name = target_name(node.target)
+    if name in OTHER_MATMULS:
+        return OTHER_MATMULS[name]
+    if name.startswith(("mkldnn.", "mkl.")) and "linear" in name:
+        return PACKED_LINEAR
+    parts = name.split(".")  # "namespace.op.overload" (or "namespace.op" for an overload packet)
+    if any(word in parts[min(1, len(parts) - 1)] for word in ("mm", "linear", "matmul")):
+        return "is a matmul form the fused ops do not take (they match aten.mm)"
+    return None
 
 
 @dataclass
@@ -79,10 +102,12 @@ def find_candidates(graph: fx.Graph, config: FusionConfig) -> list[Candidate]:
 
 def _walk(cand: Candidate, config: FusionConfig, order: dict[fx.Node, int]) -> None:
     cand.up_mm, cand.eps, cand.norm_hint = _norm_chain(cand.routed, config, order)
+    check_walked(cand.up_mm, "the routed up-projection")
     cand.out = _single_user(cand.up_mm, "routed up-projection output u")
     if cand.out.op != "call_function" or cand.out.target is not ADD:
         raise Reject(f"routed up-projection output u ({cand.up_mm.name}) feeds {cand.out.name}, not the block's add")
     cand.where = f"{cand.routed.name} -> {cand.out.name}"
+    check_walked(cand.out, "the block's add")
     other = [a for a in cand.out.args if isinstance(a, fx.Node) and a is not cand.up_mm]
     if len(other) != 1 or len(cand.out.args) != 2:
         raise Reject(f"the block's add {cand.out.name} does not add u to one shared-expert output")
@@ -101,6 +126,8 @@ def _norm_chain(routed: fx.Node, config: FusionConfig, order) -> tuple[fx.Node, 
         for user in node.users:
             if user.op == "call_function" and user.target is MM:
                 boundary.add(user)
+            elif (why := other_matmul(user)) is not None:
+                raise Reject(f"{_describe(node, routed)} feeds {user.name} ({target_name(user.target)}), which {why}")
             elif user not in region:
                 if user.op == "output":
                     raise Reject(f"{_describe(node, routed)} is also a graph output; the fused ops do not return it")
@@ -148,6 +175,7 @@ def _find_eps(chain: set[fx.Node]) -> tuple[float | None, str | None]:
         if node.op == "call_function" and node.target in (aten.add.Tensor, aten.add.Scalar):
             consts = [a for a in node.args if isinstance(a, float)]
             if consts:
+                check_walked(node, "the RMSNorm's eps add")
                 return consts[0], "functional" if node.target is aten.add.Scalar else "manual"
     return None, None
 
@@ -167,7 +195,10 @@ def _shared_reduction(cand: Candidate, s: fx.Node) -> fx.Node:
     """Classify the form from how the shared output reaches the add; returns the shared down mm."""
     if s.op == "call_function" and s.target is MM:
         cand.form = "local"
+        check_walked(s, "the shared down-projection")
         return _only_used_by(s, cand.out, "shared expert output")
+    if (why := other_matmul(s)) is not None:
+        raise Reject(f"the shared expert's down-projection {s.name} ({target_name(s.target)}) {why}")
     if s.op != "call_function" or s.target is not c10d.wait_tensor.default:
         raise Reject(f"the add's other operand {s.name} ({s.target}) is neither a shared-expert matmul nor a waited collective")
     _only_used_by(s, cand.out, "reduced shared expert output")
@@ -176,6 +207,8 @@ def _shared_reduction(cand: Candidate, s: fx.Node) -> fx.Node:
     if form is None:
         raise Reject(f"the shared output arrives through {coll.target}, not an all_reduce or reduce_scatter_tensor")
     _only_used_by(coll, s, "shared collective")
+    check_walked(s, "the shared output's wait")
+    check_walked(coll, "the shared output's collective")
     cand.form = form
     if form == "all_reduce":
         source, reduce_op, cand.group_name = coll.args[:3]
@@ -184,8 +217,11 @@ def _shared_reduction(cand: Candidate, s: fx.Node) -> fx.Node:
         cand.world = int(world)
     if reduce_op != "sum":
         raise Reject(f"{coll.name} reduces with {reduce_op!r}; only 'sum' is the shared expert's reduction")
+    if (why := other_matmul(source)) is not None:
+        raise Reject(f"the shared expert's down-projection {source.name} ({target_name(source.target)}) {why}")
     if not (isinstance(source, fx.Node) and source.op == "call_function" and source.target is MM):
         raise Reject(f"{coll.name} reduces {source}, not the shared expert's down-projection matmul")
+    check_walked(source, "the shared down-projection")
     return _only_used_by(source, coll, "shared expert output")
 
 
@@ -209,8 +245,11 @@ def _shared_expert(cand: Candidate, config: FusionConfig, order) -> None:
         if node in region or node in mms:
             continue
         if node.op == "call_function" and node.target is MM:
+            check_walked(node, "the shared gate/up projection")
             mms.add(node)
             continue
+        if (why := other_matmul(node)) is not None:
+            raise Reject(f"the shared gate/up projection {node.name} ({target_name(node.target)}) {why}")
         if node.op != "call_function":
             raise Reject(f"shared activation reads {node.name} directly, not through the gate/up matmul(s)")
         region.add(node)

@@ -16,9 +16,10 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from ..ops.backends import backends_for
 from ..ops.layouts import fragment_shape, group_size
 from ..patterns import FORMS
-from .candidates import Candidate, Reject
+from .candidates import Candidate
 from .capabilities import Capabilities
 from .config import FusionConfig
+from .reject import Reject
 
 
 def _val(node: Any, what: str) -> torch.Tensor:

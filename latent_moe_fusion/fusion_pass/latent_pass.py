@@ -26,11 +26,12 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from ..patterns import FORMS, PatternSpec
 from . import mm_padding
-from .candidates import Candidate, Reject, find_candidates
+from .candidates import Candidate, find_candidates
 from .capabilities import DISABLE_ENV, Capabilities, agree_capabilities
 from .checks import check_candidate
 from .config import FusionConfig
 from .matcher import approved, matcher_for
+from .reject import Reject
 from .report import FusionReport, MatchedBlock, MatchedRouting, op_counts
 from .router_overlap import check_overlap, find_overlap, rewrite_overlap
 from .routing import check_routing, find_routings, rewrite_routing
@@ -121,7 +122,7 @@ class LatentMoEFusionPass(CustomGraphPass):
                 beside, beside_reason, with_producer = (self._overlap_router(graph, route) if self.config.overlap_router
                                                         else (None, None, False))
                 report.routings.append(MatchedRouting(match.where, match.top_k, match.localized, match.backend,
-                                                      beside, beside_reason, with_producer))
+                                                      beside, beside_reason, with_producer, match.share_reason))
                 log.info("latent_moe_fusion: fused the router %s (%s)%s", match.where, match.backend,
                          f", beside the down-projection ({beside})" if beside else f"; alone: {beside_reason}")
             else:

@@ -15,12 +15,19 @@ from collections.abc import Iterator
 
 import torch
 from torch import fx
-from torch._inductor.pattern_matcher import Match, PatternMatcherPass, fwd_only, register_replacement
+from torch._inductor.pattern_matcher import (
+    Match,
+    PatternMatcherPass,
+    _TargetArgsExpr,
+    fwd_only,
+    register_replacement,
+)
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..patterns import PatternSpec
 from ..patterns.spec import SCALAR_EXAMPLES
 from .candidates import ROUTED, Candidate
+from .node_args import describe_stray, stray_arguments
 
 _APPROVED: contextvars.ContextVar[dict[fx.Node, Candidate] | None] = contextvars.ContextVar(
     "latent_moe_fusion_approved", default=None
@@ -47,7 +54,7 @@ def _gate(spec: PatternSpec):
             return False
         if cand.out not in match.nodes:
             return False
-        reason = _ops_refuse(spec, match)
+        reason = _stray_arguments(match) or _ops_refuse(spec, match)
         if reason is not None:
             cand.gate_reason = reason
             return False
@@ -55,6 +62,21 @@ def _gate(spec: PatternSpec):
         return True
 
     return extra_check
+
+
+def _stray_arguments(match: Match) -> str | None:
+    """Inductor's matcher compares only the keyword arguments a pattern names: every matched node must carry
+    nothing else but defaults (node_args.py), or the replacement would drop what it carries."""
+    for pattern, node in match.ctx.pattern_to_node.items():
+        if not isinstance(pattern, _TargetArgsExpr) or not isinstance(node, fx.Node) or node.op != "call_function":
+            continue
+        schema = getattr(node.target, "_schema", None)
+        names = [a.name for a in schema.arguments] if schema is not None else []
+        pinned = set(names[: len(pattern.args)]) | set(pattern.kwargs)
+        stray = stray_arguments(node, pinned)
+        if stray:
+            return describe_stray(node, stray, "matched node")
+    return None
 
 
 def _ops_refuse(spec: PatternSpec, match: Match) -> str | None:

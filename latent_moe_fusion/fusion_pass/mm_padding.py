@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from .node_args import WALK_READS, stray_arguments
+
 aten = torch.ops.aten
 MM = aten.mm.default
 PAD = aten.constant_pad_nd.default
@@ -87,6 +89,8 @@ def _trim(node: fx.Node, dim: int, amount: int, kept: int | None) -> fx.Node | N
     step = row_slice.args[4] if len(row_slice.args) > 4 else 1
     if sdim != dim or start != 0 or step != 1 or end not in (-amount, kept):
         return None
+    if stray_arguments(row_slice, WALK_READS[SLICE]):
+        return None
     return row_slice
 
 
@@ -99,6 +103,8 @@ def _chain(mm: fx.Node) -> tuple[list[fx.Node], fx.Node, fx.Node, fx.Node] | Non
     if kp_a != kp_b or not (kp_a or mp or np_):
         return None
     nodes = [n for n in (mm.args[0], mm.args[1]) if n is not a and n is not b] + [mm]
+    if any(stray_arguments(n, WALK_READS[n.target]) for n in nodes):
+        return None  # an argument the plain matmul would drop: the chain stays as it is
     last = mm
     for dim, amount, operand in ((0, mp, a), (1, np_, b)):
         if amount:

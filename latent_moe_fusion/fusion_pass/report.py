@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-import torch
+from .node_args import target_name
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,8 @@ class MatchedRouting:
     beside_reason: str | None = None
     # the fused block's producer went into the op too: lmf::route_and_produce (shared expert first)
     with_producer: bool = False
+    # why an EP share after the ids (ids - first, -1 outside) was left to Inductor instead of folded in
+    share_reason: str | None = None
 
 
 @dataclass
@@ -62,6 +64,7 @@ class FusionReport:
                      if r.beside and r.with_producer
                      else f"; with its GEMM beside the down-projection in lmf::route_and_project: {r.beside}" if r.beside
                      else f"; not beside the down-projection: {r.beside_reason}" if r.beside_reason else "")
+                  + (f"; EP share not folded in: {r.share_reason}" if r.share_reason else "")
                   for r in self.routings]
         lines += [f"  router left alone {where}: {reason}" for where, reason in self.routing_rejected]
         if self.matched or self.routings:
@@ -76,11 +79,5 @@ def op_counts(graph) -> Counter:
     counts: Counter = Counter()
     for node in graph.nodes:
         if node.op == "call_function":
-            counts[_target_name(node.target)] += 1
+            counts[target_name(node.target)] += 1
     return counts
-
-
-def _target_name(target) -> str:
-    if isinstance(target, torch._ops.OpOverload):
-        return str(target)  # "namespace.op.overload"
-    return getattr(target, "__name__", str(target))

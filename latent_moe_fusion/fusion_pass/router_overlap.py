@@ -29,10 +29,12 @@ from torch import fx
 
 from ..ops.route_and_produce import SHARED_FIRST_MAX_TOKENS
 from ..ops.route_and_project import OVERLAP_MAX_TOKENS
-from .candidates import Reject
+from .candidates import other_matmul
 from .capabilities import Capabilities
 from .checks import serving_backend
 from .config import FusionConfig
+from .node_args import check_all_walked, target_name
+from .reject import Reject
 from .routing import _is, _val
 
 aten = torch.ops.aten
@@ -88,6 +90,8 @@ def _router_gemm(m: OverlapMatch) -> None:
         widened_gate = _transposed_weight(logits.args[1])
         m.router_gemm, m.x, m.gate_weight = "fp32", _widened(logits.args[0]), _widened(widened_gate)
         m.removable = [logits.args[1], widened_gate, logits.args[0]]
+    elif (why := other_matmul(logits)) is not None:
+        raise Reject(f"the router's gate GEMM {logits.name} ({target_name(logits.target)}) {why}")
     else:
         raise Reject(f"the router logits {logits.name} are not a gate GEMM (mm or mm with an FP32 output)")
     x = _val(m.x)
@@ -164,6 +168,9 @@ def find_overlap(graph: fx.Graph, route: fx.Node, shared_first: bool = True) -> 
             raise Reject(f"the router logits {m.logits.name} are also used by {', '.join(extra)}")
         _router_gemm(m)
         _down_projection(m)
+        inputs = (m.x, m.gate_weight, m.w_down)
+        check_all_walked([m.logits, m.down, *(n for n in m.removable if all(n is not i for i in inputs))],
+                         "the router GEMM or the down-projection:")
         _takes_producer(m, shared_first)
         order = {node: i for i, node in enumerate(graph.nodes)}
         first = min(order[m.logits], order[m.down])

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from .candidates import Reject
 from .capabilities import Capabilities
 from .checks import serving_backend
 from .config import FusionConfig
+from .node_args import WALK_READS, check_all_walked, check_walked, describe_stray, stray_arguments
+from .reject import Reject
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -49,6 +50,7 @@ class RoutingMatch:
     chain: list[fx.Node] = field(default_factory=list)  # erased after the rewrite
     backend: str | None = None
     fake_outputs: tuple | None = None  # the op's (ids, weights) on the graph's fake values, from check_routing
+    share_reason: str | None = None  # why an EP share after the ids was not folded in (left to Inductor)
 
 
 def _is(node, target) -> bool:
@@ -136,6 +138,7 @@ def _walk(m: RoutingMatch) -> None:
     weights_chain = _renormalisation(m, gather)
     m.ids_out, ids_chain = _localisation(m, to_int32, num_experts)
     m.chain = [sigmoid, biased, topk, *getitems, gather, *weights_chain, to_int32, *ids_chain]
+    check_all_walked(m.chain, "router node")
     m.where = f"{sigmoid.name} -> {topk.name} -> {m.weights_out.name}, {m.ids_out.name}"
 
 
@@ -145,8 +148,7 @@ def _renormalisation(m: RoutingMatch, gather: fx.Node) -> list[fx.Node]:
     div = next((u for u in gather.users if _is(u, aten.div.Tensor) and u.args[0] is gather), None)
     if total is None or div is None or list(total.args[1]) not in ([-1], [1]) or not _arg(total, 2, "keepdim", False):
         raise Reject("the gathered scores are not renormalised as w / w.sum(-1, keepdim=True)")
-    if len(total.args) > 3 or total.kwargs.get("dtype") is not None:
-        raise Reject("the renormalisation sum casts its dtype")
+    check_walked(total, "the renormalisation sum")  # a dtype= cast is refused here, by name
     _users_exactly(gather, {total, div}, "gathered scores")
     chain = [total]
     denom = div.args[1]
@@ -169,28 +171,46 @@ def _renormalisation(m: RoutingMatch, gather: fx.Node) -> list[fx.Node]:
     return chain
 
 
+# The -1 fill of the EP share as the fold computes it; any other dtype, layout or pinning is another tensor.
+_FILL_KWARGS = {"dtype": (torch.int32,), "layout": (None, torch.strided), "pin_memory": (None, False)}
+
+
 def _localisation(m: RoutingMatch, ids: fx.Node, num_experts: int) -> tuple[fx.Node, list[fx.Node]]:
     """ids - first, kept where 0 <= . < num_local, else -1 (model/router.localize_ids): folded into the op
-    when it is exactly that; otherwise the op's ids replace the int32 ids and Inductor keeps the rest."""
+    when it is exactly that; otherwise the op's ids replace the int32 ids, Inductor keeps the rest, and
+    m.share_reason says why when the ids go on into a subtraction (what an EP share starts with)."""
     m.first_expert, m.num_local, m.localized = 0, num_experts, False
     users = list(ids.users)
     sub = users[0] if len(users) == 1 else None
-    if not (_is(sub, aten.sub.Tensor) and sub.args[0] is ids and isinstance(sub.args[1], int)):
+    if not _is(sub, aten.sub.Tensor):
         return ids, []
     by_target = {u.target: u for u in sub.users}
     ge, lt, where = by_target.get(aten.ge.Scalar), by_target.get(aten.lt.Scalar), by_target.get(aten.where.self)
-    if ge is None or lt is None or where is None or len(sub.users) != 3:
+    if not (sub.args[0] is ids and isinstance(sub.args[1], int)) or None in (ge, lt, where) or len(sub.users) != 3:
+        m.share_reason = f"{sub.name} is not ids - first read by one >= 0, one < num_local and one where"
         return ids, []
     both, kept, fill = where.args
     first, num_local = sub.args[1], lt.args[1]
+    fold = [sub, ge, lt, both, fill, where]
+    for node in fold:
+        stray = stray_arguments(node, WALK_READS.get(node.target, ())) if node.op == "call_function" else []
+        if node is fill and _is(fill, aten.full.default):
+            stray += [(k, fill.kwargs.get(k)) for k, ok in _FILL_KWARGS.items() if fill.kwargs.get(k) not in ok
+                      and (k, fill.kwargs.get(k)) not in stray]
+        if stray:
+            m.share_reason = describe_stray(node, stray, "EP share node")
+            return ids, []
     if not (ge.args == (sub, 0) and lt.args[0] is sub and isinstance(num_local, int) and kept is sub
             and _is(both, aten.bitwise_and.Tensor) and set(both.args) == {ge, lt} and len(both.users) == 1
             and len(ge.users) == 1 and len(lt.users) == 1 and _is(fill, aten.full.default) and fill.args[1] == -1
             and len(fill.users) == 1 and 0 <= first < num_experts and 1 <= num_local <= num_experts - first
-            and getattr(_val(where), "dtype", None) == torch.int32):
+            and getattr(_val(where), "dtype", None) == torch.int32
+            and tuple(getattr(_val(where), "shape", ())) == tuple(getattr(_val(ids), "shape", (None,)))):
+        m.share_reason = (f"{where.name} is not exactly where((ids - first >= 0) & (ids - first < num_local), "
+                          "ids - first, -1) in int32 with 0 <= first < first + num_local <= experts")
         return ids, []
     m.first_expert, m.num_local, m.localized = first, num_local, True
-    return where, [sub, ge, lt, both, fill, where]
+    return where, fold
 
 
 def check_routing(m: RoutingMatch, config: FusionConfig, caps: Capabilities) -> str:
