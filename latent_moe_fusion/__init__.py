@@ -9,7 +9,7 @@ from .ops.symm_exchange import prepare_symmetric_exchange, release_symmetric_exc
 
 # The fusion pass imports torch._inductor and torch._dynamo (seconds): loaded on first use only, so
 # that code using just the ops (kernels, benchmarks, spawned test workers) does not pay for it.
-_FUSION_PASS_NAMES = ("FusionConfig", "FusionReport", "LatentMoEFusionPass", "install")
+_FUSION_PASS_NAMES = ("FusionConfig", "FusionRecord", "FusionReport", "LatentMoEFusionPass", "install", "record_fusion")
 
 
 def __getattr__(name: str) -> Any:
@@ -23,6 +23,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ConfigError",
     "FusionConfig",
+    "FusionRecord",
     "FusionReport",
     "KimiK3MoEBlock",
     "KimiK3MoEConfig",
@@ -30,5 +31,6 @@ __all__ = [
     "install",
     "ops",
     "prepare_symmetric_exchange",
+    "record_fusion",
     "release_symmetric_exchange",
 ]

@@ -17,8 +17,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .config import KimiK3MoEConfig
-from .fusion_pass import FusionConfig, LatentMoEFusionPass
+from .cli_args import CliError, positive_int
+from .config import ConfigError, KimiK3MoEConfig
+from .fusion_pass import FusionConfig, LatentMoEFusionPass, record_fusion
 from .model import KimiK3MoEBlock
 from .reference64 import block_float64, routing, shared_weights
 
@@ -58,14 +59,7 @@ def op_level(block: KimiK3MoEBlock, x: torch.Tensor) -> torch.Tensor:
 def _compile(block: KimiK3MoEBlock, fusion_pass: LatentMoEFusionPass | None) -> Callable:
     torch._dynamo.reset()
     options = {"post_grad_custom_pre_pass": fusion_pass} if fusion_pass is not None else {}
-    fn = torch.compile(block, options=options, dynamic=False)
-
-    def run(x: torch.Tensor) -> torch.Tensor:
-        # FX graph cache off: a cache hit would skip the pass and leave its report empty.
-        with torch._inductor.config.patch(fx_graph_cache=False):
-            return fn(x)
-
-    return run
+    return torch.compile(block, options=options, dynamic=False)
 
 
 def build(device: torch.device, ep_size: int, weight_format: str | None) -> KimiK3MoEBlock:
@@ -97,13 +91,14 @@ def run_demo(device: torch.device, tokens: int, repeats: int, ep_size: int, weig
         devices = ("cpu", "cuda") if allow_reference else ("cpu",)
         fusion_pass = LatentMoEFusionPass(FusionConfig(reference_backend_devices=devices))
         fused = _compile(block, fusion_pass)
-        outputs["compiled + fused"] = fused(x)
+        with record_fusion() as record:  # the graph may come from Inductor's FX graph cache: the pass then did not run
+            outputs["compiled + fused"] = fused(x)
         times["compiled + fused"] = median_ms(lambda: fused(x), device, repeats)
 
         outputs["op-level producer + tail"] = op_level(block, x)
         times["op-level producer + tail"] = median_ms(lambda: op_level(block, x), device, repeats)
 
-    report = fusion_pass.report
+    report = record.reports[-1] if record.reports else fusion_pass.report
     print(report.summary())
     print(f"post-grad nodes: compiled {report.nodes_before}, compiled + fused {report.nodes_after}")
     print(f"{'path':<26} {'rel L2 vs eager':>16} {'rel L2 vs float64':>18} {'median ms':>10}")
@@ -113,17 +108,33 @@ def run_demo(device: torch.device, tokens: int, repeats: int, ep_size: int, weig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--ep-size", type=int, default=8, help="GPU only: this rank holds num_experts/ep_size experts")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto (cuda if available), cpu or cuda")
+    parser.add_argument("--tokens", type=positive_int, default=64, help="tokens M of the batch (>= 1)")
+    parser.add_argument("--repeats", type=positive_int, default=10, help="timed calls per path (>= 1)")
+    parser.add_argument("--ep-size", type=positive_int, default=8,
+                        help="GPU only: this rank holds num_experts/ep_size experts (a divisor of num_experts)")
     parser.add_argument("--weights", choices=("bf16", "mxfp4"), default=None,
                         help="expert weight format (default: bf16 on CPU, mxfp4 on GPU)")
     parser.add_argument("--allow-reference", action="store_true",
                         help="on a GPU, fuse even where only the (slow) reference backend serves the fused ops")
 
 
+def _device(args: argparse.Namespace) -> torch.device:
+    if args.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(args.device)
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Raise CliError for values the demo cannot run with (the per-value bounds are argparse types)."""
+    if _device(args).type == "cuda" and not torch.cuda.is_available():
+        raise CliError("--device cuda: no CUDA device is available here (use --device cpu or auto)")
+    try:  # the flag means the same on every device, though only the GPU's Kimi K3 sizes use it
+        KimiK3MoEConfig().validate_for(1, "bf16", args.ep_size)
+    except ConfigError as exc:
+        raise CliError(f"--ep-size {args.ep_size}: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
-    return run_demo(device, args.tokens, args.repeats, args.ep_size, args.weights, args.allow_reference)
+    return run_demo(_device(args), args.tokens, args.repeats, args.ep_size, args.weights, args.allow_reference)

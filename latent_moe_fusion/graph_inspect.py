@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from .config import KimiK3MoEConfig
+from .cli_args import CliError, positive_int
+from .config import ConfigError, KimiK3MoEConfig
 from .fusion_pass import FusionReport, LatentMoEFusionPass
 from .model import KimiK3MoEBlock
 
@@ -113,7 +114,8 @@ def format_inspection(result: Inspection) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tp", type=int, default=1, help="TP world size R (simulated in this process)")
+    parser.add_argument("--tp", type=positive_int, default=1,
+                        help="TP world size R >= 1 (simulated in this process; a divisor of the tiny block's sizes)")
     parser.add_argument("--sp", action="store_true", help="sequence parallel: all_gather in, reduce_scatter out")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--gate-up", choices=("merged", "split"), default="merged")
@@ -121,11 +123,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", choices=("bf16", "mxfp4"), default="bf16")
 
 
-def run(args: argparse.Namespace) -> int:
+def check_arguments(args: argparse.Namespace) -> None:
+    """Raise CliError for values the inspection cannot run with (the per-value bounds are argparse types)."""
+    if args.sp and args.tp < 2:
+        raise CliError("--sp needs --tp N with N >= 2")
     try:
-        result = inspect_block(tp=args.tp, sp=args.sp, dtype=getattr(torch, args.dtype), shared_gate_up=args.gate_up,
-                               rms_norm=args.rms_norm, weight_format=args.weights)
-    except ValueError as exc:  # bad sizes or flags (ConfigError is a ValueError): say so, no traceback
-        raise SystemExit(f"inspect: {exc}") from exc
+        KimiK3MoEConfig.tiny().validate_for(args.tp, args.weights)
+    except ConfigError as exc:
+        raise CliError(f"--tp {args.tp}: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    result = inspect_block(tp=args.tp, sp=args.sp, dtype=getattr(torch, args.dtype), shared_gate_up=args.gate_up,
+                           rms_norm=args.rms_norm, weight_format=args.weights)
     print(format_inspection(result))
     return 0 if result.report.matched else 1

@@ -120,3 +120,32 @@ def test_fx_graph_cache_never_serves_the_other_switch_setting(tmp_path, monkeypa
     assert producer_calls_of_a_fresh_compile(switch_off=False) == 1
     assert producer_calls_of_a_fresh_compile(switch_off=True) == 0
     assert hits() >= hits_before + 2, "the cache was not hit: this test checked nothing"
+
+
+def _child(cache_dir: Path) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
+    env.pop("LMF_DISABLE_FUSION", None)
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "tests.fx_cache_child"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_process_served_from_the_fx_graph_cache_still_learns_what_its_graph_holds(tmp_path):
+    """Two processes, one cache directory: the second is served the fused graph without running the pass, and
+    record_fusion() still reports the fused block (the report of the compile that made it) as a cache hit."""
+    first = _child(tmp_path / "inductor")
+    second = _child(tmp_path / "inductor")
+    assert first["pass_runs"] >= 1 and first["cache_hits"] == 0 and first["matched"] == 1, first
+    assert second["inductor_hits"] >= 1, "the cache was not hit: this test checked nothing"
+    assert second["pass_runs"] == 0, second  # the pass did not run: the graph came from the cache
+    assert second["cache_hits"] >= 1 and second["matched"] == 1, second
+    assert second["lmf_ops"] == first["lmf_ops"] and any("latent_tail" in op for op in second["lmf_ops"]), second
+    assert "served from Inductor's FX graph cache" in second["summary"]
+    assert first["finite"] and second["finite"]

@@ -1,5 +1,6 @@
 """The Inductor fusion pass (DESIGN.md section 3)."""
 
+from .cache_record import FusionRecord, record_fusion
 from .capabilities import DISABLE_ENV, Capabilities, agree_capabilities
 from .config import FusionConfig
 from .install import ChainedGraphPass, install
@@ -11,10 +12,12 @@ __all__ = [
     "Capabilities",
     "ChainedGraphPass",
     "FusionConfig",
+    "FusionRecord",
     "FusionReport",
     "LatentMoEFusionPass",
     "MatchedBlock",
     "MatchedRouting",
     "agree_capabilities",
     "install",
+    "record_fusion",
 ]

@@ -26,6 +26,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from ..patterns import FORMS, PatternSpec
 from . import mm_padding
+from .cache_record import stamp
 from .candidates import Candidate, find_candidates
 from .capabilities import DISABLE_ENV, Capabilities, agree_capabilities
 from .checks import check_candidate
@@ -84,6 +85,7 @@ class LatentMoEFusionPass(CustomGraphPass):
         report.ops_after = op_counts(graph)
         self.report = report
         self.reports.append(report)
+        stamp(report)  # so that a compile served from the FX graph cache can still tell (cache_record.py)
 
     def _decide(self, candidates: list[Candidate], report: FusionReport) -> dict[fx.Node, Candidate]:
         accepted = {}

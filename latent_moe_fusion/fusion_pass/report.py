@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from .node_args import target_name
 
@@ -45,6 +46,33 @@ class FusionReport:
     routings: list[MatchedRouting] = field(default_factory=list)  # router chains rewritten
     routing_rejected: list[tuple[str, str]] = field(default_factory=list)  # (topk node, reason)
     unpadded_matmuls: int = 0  # pad_mm-padded matmuls inside fused blocks, see mm_padding.py
+    # True: Inductor's FX graph cache served the graph and the pass did not run; this is the report of the
+    # compile that made the cached graph (cache_record.py)
+    from_cache: bool = False
+
+    def to_json(self) -> str:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["blocks"] = [asdict(b) for b in self.blocks]
+        data["routings"] = [asdict(r) for r in self.routings]
+        data["ops_before"], data["ops_after"] = dict(self.ops_before), dict(self.ops_after)  # asdict garbles a Counter
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> FusionReport:
+        data = json.loads(text)
+        return cls(
+            matched=data["matched"],
+            rejected=[tuple(pair) for pair in data["rejected"]],
+            blocks=[MatchedBlock(**b) for b in data["blocks"]],
+            nodes_before=data["nodes_before"],
+            nodes_after=data["nodes_after"],
+            ops_before=Counter(data["ops_before"]),
+            ops_after=Counter(data["ops_after"]),
+            routings=[MatchedRouting(**r) for r in data["routings"]],
+            routing_rejected=[tuple(pair) for pair in data["routing_rejected"]],
+            unpadded_matmuls=data["unpadded_matmuls"],
+            from_cache=data["from_cache"],
+        )
 
     def ops_removed(self) -> Counter:
         return self.ops_before - self.ops_after
@@ -53,9 +81,11 @@ class FusionReport:
         return self.ops_after - self.ops_before
 
     def summary(self) -> str:
+        source = " (served from Inductor's FX graph cache: the pass did not run; its report of the cached compile)"
         lines = [f"latent-moe fusion: {self.matched} block(s) rewritten, {len(self.rejected)} left alone; "
                  f"post-grad nodes {self.nodes_before} -> {self.nodes_after}"
-                 + (f"; {self.unpadded_matmuls} padded matmul(s) fused" if self.unpadded_matmuls else "")]
+                 + (f"; {self.unpadded_matmuls} padded matmul(s) fused" if self.unpadded_matmuls else "")
+                 + (source if self.from_cache else "")]
         lines += [f"  fused    {b.where}: {b.form} (mode {b.mode}, group {b.group_name}) [{b.variant}]" for b in self.blocks]
         lines += [f"  rejected {where}: {reason}" for where, reason in self.rejected]
         lines += [f"  router   {r.where}: lmf::noaux_tc_route top_k={r.top_k}"
