@@ -36,6 +36,8 @@ class Router(nn.Module):
         w = scores.gather(-1, chosen)
         w = w / w.sum(-1, keepdim=True) if t == "no_eps" else w / (w.sum(-1, keepdim=True) + 1e-20)
         ids = chosen if t == "int64" else chosen.to(torch.int32)
+        if t == "no_sub":  # the EP share of rank 0 as torch 2.14 leaves it: `ids - 0` dropped from the graph
+            ids = torch.where((ids >= 0) & (ids < self.num_local), ids, torch.full_like(ids, -1))
         if t == "odd_fill":
             local = ids - self.first
             ids = torch.where((local >= 0) & (local < self.num_local), local, torch.full_like(local, -2))
@@ -66,6 +68,7 @@ def _same_routing(got, want):
     ("localize", 16, 16, 1.0, True),
     ("no_eps", 0, E, 1.0, False),
     ("odd_fill", 16, 16, 1.0, False),  # fill -2 is not localize_ids: the op's ids feed Inductor's where
+    ("no_sub", 0, 16, 1.0, True),  # first = 0 with the subtraction folded away: still the EP share
 ])
 def test_router_chain_is_fused_and_routes_alike(rng_seed, twist, first, num_local, scale, localized):
     model = Router(twist, first, num_local, scale)
@@ -77,6 +80,7 @@ def test_router_chain_is_fused_and_routes_alike(rng_seed, twist, first, num_loca
     assert [r.localized for r in report.routings] == [localized], report.summary()
     assert report.ops_after[ROUTE_OP] == 1 and report.ops_after["aten.topk.default"] == 0
     assert report.routing_rejected == []
+    assert (report.routings[0].share_reason is not None) == (twist == "odd_fill"), report.summary()
     _same_routing(got, want)
     assert "lmf::noaux_tc_route top_k=6" in report.summary()
 

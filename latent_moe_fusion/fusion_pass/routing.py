@@ -181,17 +181,21 @@ def _localisation(m: RoutingMatch, ids: fx.Node, num_experts: int) -> tuple[fx.N
     m.share_reason says why when the ids go on into a subtraction (what an EP share starts with)."""
     m.first_expert, m.num_local, m.localized = 0, num_experts, False
     users = list(ids.users)
-    sub = users[0] if len(users) == 1 else None
-    if not _is(sub, aten.sub.Tensor):
-        return ids, []
-    by_target = {u.target: u for u in sub.users}
+    sub = users[0] if len(users) == 1 and _is(users[0], aten.sub.Tensor) else None
+    # ids - first; a compiler may drop the subtraction where first is 0 (torch 2.14 removes `ids - 0`), so the
+    # share is recognised from ids themselves too
+    shifted = sub if sub is not None else ids
+    by_target = {u.target: u for u in shifted.users}
     ge, lt, where = by_target.get(aten.ge.Scalar), by_target.get(aten.lt.Scalar), by_target.get(aten.where.self)
-    if not (sub.args[0] is ids and isinstance(sub.args[1], int)) or None in (ge, lt, where) or len(sub.users) != 3:
+    if sub is None and (None in (ge, lt, where) or len(ids.users) != 3):
+        return ids, []  # no EP share after the ids
+    if sub is not None and (not (sub.args[0] is ids and isinstance(sub.args[1], int))
+                            or None in (ge, lt, where) or len(sub.users) != 3):
         m.share_reason = f"{sub.name} is not ids - first read by one >= 0, one < num_local and one where"
         return ids, []
     both, kept, fill = where.args
-    first, num_local = sub.args[1], lt.args[1]
-    fold = [sub, ge, lt, both, fill, where]
+    first, num_local = (sub.args[1] if sub is not None else 0), lt.args[1]
+    fold = [n for n in (sub, ge, lt, both, fill, where) if n is not None]
     for node in fold:
         stray = stray_arguments(node, WALK_READS.get(node.target, ())) if node.op == "call_function" else []
         if node is fill and _is(fill, aten.full.default):
@@ -200,7 +204,7 @@ def _localisation(m: RoutingMatch, ids: fx.Node, num_experts: int) -> tuple[fx.N
         if stray:
             m.share_reason = describe_stray(node, stray, "EP share node")
             return ids, []
-    if not (ge.args == (sub, 0) and lt.args[0] is sub and isinstance(num_local, int) and kept is sub
+    if not (ge.args == (shifted, 0) and lt.args[0] is shifted and isinstance(num_local, int) and kept is shifted
             and _is(both, aten.bitwise_and.Tensor) and set(both.args) == {ge, lt} and len(both.users) == 1
             and len(ge.users) == 1 and len(lt.users) == 1 and _is(fill, aten.full.default) and fill.args[1] == -1
             and len(fill.users) == 1 and 0 <= first < num_experts and 1 <= num_local <= num_experts - first
