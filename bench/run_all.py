@@ -47,6 +47,7 @@ BENCHMARKS = (
     ("regs_sass.py", (), None),
     ("shared_strategy.py", (), None),
     ("block.py", (), None),
+    ("peer_routed.py", (), None),  # ours against triton_kernels' MXFP4 MoE as vLLM runs it (exits 0 if .peer is absent)
     ("block_targets.py", (), None),  # what issue 6's targets ask of the routed op and of the rest (block.json; CPU)
     ("block_tp.py", (), "gpus:2"),  # the block over two GPUs with NCCL (TP and SP), communication included
     ("tp.py", (), "gpus:2"),  # fragment exchange and tail: symmetric-memory peer writes against NCCL
