@@ -1,4 +1,4 @@
-"""End-to-end Kimi K3 block on one H200 (issue 6): eager vs compiled vs compiled + fused.
+"""End-to-end Kimi K3 block on one H200: eager vs compiled vs compiled + fused.
 
 One rank of Kimi K3 at TP8/EP8: 112 local MXFP4 experts of 896 (ids of other ranks' experts
 become -1), top-16, shared expert 768 wide (TP8's shard), R = 1 (no cross-rank traffic: this
