@@ -27,7 +27,7 @@ OUTSIDE_REFERENCES = re.compile("|".join([
 ]))
 HISTORY_NAME = re.compile(r"session|_run\d|_v\d+(?:\.|_)|_[0-9a-f]{7,40}(?:\.|_)|\d{4}-\d{2}-\d{2}|_(?:final|start|old|new)\b")
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
-SKIPPED_DIRS = {".git", ".venv", "__pycache__", "build", ".pytest_cache", ".ruff_cache"}
+SKIPPED_DIRS = {".git", ".venv", "__pycache__", "build", ".pytest_cache", ".ruff_cache", ".whl", ".dsl-a", ".dsl-b", "debug_dumps"}
 
 
 def tracked_files() -> list[Path]:
