@@ -1,4 +1,4 @@
-"""End-to-end Kimi K3 block on one H200 (issue 6): eager vs compiled vs compiled + fused.
+"""End-to-end Kimi K3 block on one H200: eager vs compiled vs compiled + fused.
 
 One rank of Kimi K3 at TP8/EP8: 112 local MXFP4 experts of 896 (ids of other ranks' experts
 become -1), top-16, shared expert 768 wide (TP8's shard), R = 1 (no cross-rank traffic: this
@@ -272,7 +272,7 @@ def main() -> None:
             block_floor_us=block_floor_us)
         row["in_a_row_at_floor_vs_compiled"], row["rest_hidden_vs_compiled"] = ratios_with_routed_as_measured(
             row["compiled_us"], routed_us, row["router_gemm_us"], row["rewritten_floor_us"], row["serial_floor_us"])
-        # session 18's figure: the untouched part at its floor in both variants, the fused block at the block's floor
+        # not a bound (see ratio_ceiling): the untouched part at its floor in both variants, the fused block at its floor
         row["all_at_floor_fused_vs_compiled"] = (row["untouched_floor_us"] + row["rewritten_compiled_us"]) / block_floor_us
         rows.append(row)
         print(row, flush=True)
@@ -289,7 +289,7 @@ def main() -> None:
         "untouched": "untouched_us: router + latent down-projection + routed experts alone, compiled, in a row; "
                      "router_chain_us: the router after its GEMM alone, compiled (the router rewrite's share); "
                      "down_projection_us: the compiled down-projection alone (cuBLAS; the fused block runs its own "
-                     "kernel, so it counts as rewritten since session 19); max_fused_vs_compiled = compiled_us / "
+                     "kernel, so it counts as rewritten); max_fused_vs_compiled = compiled_us / "
                      "(untouched_us - router_chain_us - down_projection_us): the bound for rewrites that keep router "
                      "GEMM and routed op in a row (the overlaps go beyond it); untouched_floor_us: router + routed "
                      "experts, rewritten_floor_us: everything else",
@@ -298,8 +298,8 @@ def main() -> None:
                    "(router_gemm_us) and rewritten part as measured and the fused block no faster than the routed "
                    "experts + serial_floor_us (down- and up-projection floors: they run before and after the routed "
                    "experts in any schedule) nor than floor_us (bench/block.py ratio_ceiling); "
-                   "all_at_floor_fused_vs_compiled = (untouched_floor_us + rewritten_compiled_us) / floor_us, the "
-                   "figure reported as the ceiling up to session 18, is not a bound: a routed part faster than "
+                   "all_at_floor_fused_vs_compiled = (untouched_floor_us + rewritten_compiled_us) / floor_us, "
+                   "looks like a ceiling but is not a bound: a routed part faster than "
                    "measured but above its floor can give more; with the routed experts as measured "
                    "(bench/block.py ratios_with_routed_as_measured): in_a_row_at_floor_vs_compiled = compiled_us / "
                    "(routed + router_gemm_us + rewritten_floor_us), the rest at its floor without overlap; "

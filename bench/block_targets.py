@@ -1,7 +1,8 @@
-"""What each of issue 6's targets asks of the block's two parts, from a measured bench/block.py run (no GPU).
+"""What each of the block's targets (docs/design.md, section 5) asks of its two parts, from a measured bench/block.py
+run (no GPU).
 
-The compiled baseline and the fused block call the same routed-experts op (DESIGN.md section 2: the unfused
-routed op the reference model calls), and the same kernels run it in both. So a faster routed op takes the same
+The compiled baseline and the fused block call the same routed-experts op (docs/design.md, section 2: the
+unfused routed op the reference model calls), and the same kernels run it in both. So a faster routed op takes the same
 microseconds off both variants, and a target on compiled / fused is, in the end, a target on everything else.
 For each M this splits both variants' measured times into
 
@@ -42,7 +43,7 @@ from bench.block import routed_op_us, router_floor_us  # noqa: E402
 from bench.common import RESULTS_DIR, write_results  # noqa: E402
 from latent_moe_fusion.config import KimiK3MoEConfig  # noqa: E402
 
-DECODE_MAX_M = 128  # issue 6's decode sizes are M = 1, 8, 32, 128; M = 4096 is its prefill
+DECODE_MAX_M = 128  # the targets' decode sizes are M = 1, 8, 32, 128; M = 4096 is their prefill
 DECODE_RATIO_TARGET = 1.3
 PREFILL_RATIO_TARGET = 1.15
 DECODE_FLOOR_TARGET = 1.3

@@ -12,7 +12,7 @@ The fused block runs its fragment publication and TP output all-gather by symmet
 (`lmf.prepare_symmetric_exchange`, made once per process; `compiled+fused`: the library's default method within
 its measured windows; `compiled+fused-kernel` / `-copies`: the one-launch exchange kernel / torch copies between
 workspace barriers at every size) and by NCCL (`compiled+fused-nccl`: the same compile with the exchange switched
-off, as before session 25).
+off).
 
 Decode (TP, M tokens on every rank): one CUDA graph per variant over rotating inputs, replayed in alternating
 rounds with a barrier before each replay; prefill (M = 4096 TP, 2 x 2048 SP): CUDA events around calls back to

@@ -1,7 +1,7 @@
 """Shared benchmark plumbing: environment record, measured ceilings, timing, result files.
 
 Every benchmark states the device, versions, shape and the floor of each number: bytes moved once
-over the measured copy bandwidth, FLOPs over the measured BF16 matmul rate (DESIGN.md section 4).
+over the measured copy bandwidth, FLOPs over the measured BF16 matmul rate (docs/design.md, section 4).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Routed experts on one H200: DeepGEMM's SM90 BF16 grouped GEMMs vs the Triton routed backend (issue 9).
+"""Routed experts on one H200: DeepGEMM's SM90 BF16 grouped GEMMs vs the Triton routed backend.
 
 Configuration of the producer issue: one rank of Kimi K3 at EP8, 112 local experts of 896, top-16
 over all 896 (ids of other ranks' experts become -1, so about 2 of the 16 land here), I = 3072,

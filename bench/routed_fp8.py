@@ -1,6 +1,7 @@
-"""The routed experts on FP8 MMAs (ops/gluon_kernels/routed_fp8.py; the L1 the default at decode since session 28) against the bf16 register-dequant kernels.
+"""The routed experts on FP8 MMAs (ops/gluon_kernels/routed_fp8.py; the L1's default at decode where the grouping takes
+16-row blocks) against the bf16 register-dequant kernels.
 
-Same inputs as bench/routed_ring.py (the Kimi K3 rank's share at decode, one token per row, 4 rotating input sets):
+Inputs: bench/routed_inputs.py's decode cases (the Kimi K3 rank's share at decode, one token per row, 4 rotating sets):
 each L1 alone, replayed from one CUDA graph, against the L1 byte floor (MXFP4 bytes of the experts hit / copy
 bandwidth), and the activation split (ops/fp8_split.py: per token, before L1) timed alone. Accuracy: the act rows
 of both kernels against a float64 reference (weights dequantised exactly, the tokens' bf16 values), and against
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import env_applied, environment, measure_ceilings, rel_l2, time_graph_ms, write_results  # noqa: E402
 from bench.producer import BETA, INTER, LATENT, LIN_BETA, LOCAL_EXPERTS, TOP_K  # noqa: E402
-from bench.routed_regs import decode_cases  # noqa: E402
+from bench.routed_inputs import decode_cases  # noqa: E402
 from latent_moe_fusion.ops.fp8_split import split_e4m3  # noqa: E402
 from latent_moe_fusion.ops.gluon_kernels import (  # noqa: E402
     launch_routed_l1,
@@ -56,7 +57,7 @@ LAYER_NOTES = ("8-row blocks (the FP8 path's grouping), act from the FP8 L1: l2_
                "hold a pair); l2_fp8: the FP8 L2 (routed_fp8.py) on them; l2_fp8_vs_bf16_err: relative L2 distance of "
                "their FP32 pair rows; routed_*: the whole routed op (run_experts as picked, in one CUDA graph per "
                "input set) with LMF_ROUTED_FP8 = 0 (bf16 kernels), 1 (FP8 L1, bf16 L2: routed_fp8_l1) and l1,l2 (both FP8: routed_fp8), *_err "
-               "against the FP32 reference of bench/routed_regs.py; medians over alternating rounds")
+               "against the FP32 reference of bench/routed_inputs.py; medians over alternating rounds")
 
 
 def _situ64(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -214,7 +215,7 @@ def main() -> None:
                 layer[f"routed_{name}_vs_bf16"] = t["routed_bf16"] / t[f"routed_{name}"]
         print(layer, flush=True)
         layer_rows.append(layer)
-    meta = environment() | {"copy_TBps": bw / 1e12, "routing": "1 token/row (bench/routed_regs.py)"}
+    meta = environment() | {"copy_TBps": bw / 1e12, "routing": "1 token/row (bench/routed_inputs.py)"}
     write_results(args.name, rows, COLUMNS, meta, args.out, NOTES)
     write_results(f"{args.name}_layers", layer_rows, LAYER_COLUMNS, meta, args.out, LAYER_NOTES)
 

@@ -38,8 +38,7 @@ from bench.producer import (  # noqa: E402
     make_shared_weights,
     make_weights,
 )
-from bench.producer_shared_tiles import one_token_sets  # noqa: E402
-from bench.routed_regs import L1_BYTES, L2_BYTES  # noqa: E402
+from bench.routed_inputs import L1_BYTES, L2_BYTES, one_token_sets  # noqa: E402
 from latent_moe_fusion.ops.math import routed_experts_math  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.routed_gemv import (  # noqa: E402

@@ -1,4 +1,4 @@
-"""Latent tail on the H200 (issue 4): fused Triton kernel vs unfused torch vs the floor, over M and R.
+"""Latent tail on the H200: fused Triton kernel vs unfused torch vs the floor, over M and R.
 
 out[M, N] = round(fp32(A[M, K] @ W[N, K]^T) + sum_r fp32(F[r, M, N])), Kimi K3: K = L = 3584, N = H = 7168.
 Unfused: cuBLAS mm (BF16 out), FP32 sum of the R fragments, add, BF16 cast (4 kernels). Floor: the bytes
@@ -107,7 +107,7 @@ GEMV: list[tuple[int, tuple[int, ...], list[TailConfig]]] = [
         _gemv(2, 512, 1024, w=1, st=3), _gemv(8, 256, 1024, w=2, st=4), _swap(16, 64, 128, s=2),
     ]),
 ]
-# The first run (tail_gemv_run1.md) also timed M = 4, 8 and 8 to 32 rows per program of 4 or 8 warps:
+# M = 4 and 8, and 8 to 32 rows per program of 4 or 8 warps, were timed too (docs/design/tail.md):
 # slower everywhere beyond M = 2 (per-thread K steps shrink with M) and the more rows, the slower.
 
 

@@ -1,4 +1,4 @@
-"""CuTe DSL tail vs the Triton tail, side by side on one H200 (issue 7), and the per-bucket backend choice.
+"""CuTe DSL tail vs the Triton tail, side by side on one H200, and the per-bucket backend choice.
 
 out[M, N] = round(fp32(A[M, K] @ W[N, K]^T) + sum_r fp32(F[r, M, N])), K = 3584, N = 7168. Both fused
 kernels (and, for context, the unfused torch tail) run on the same rotating input sets, each set

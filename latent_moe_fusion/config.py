@@ -1,4 +1,4 @@
-"""Kimi K3 latent-MoE configuration (DESIGN.md section 1) and its validation."""
+"""Kimi K3 latent-MoE configuration (docs/design.md, section 1) and its validation."""
 
 from __future__ import annotations
 

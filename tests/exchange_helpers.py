@@ -29,7 +29,7 @@ class BufferHandle:
 
 
 def dense_fragments(partials: list[torch.Tensor], mode: str, owner: int) -> torch.Tensor:
-    """DESIGN.md section 2's ws on rank `owner` from every rank's partial shared output."""
+    """docs/design.md section 2's ws on rank `owner` from every rank's partial shared output."""
     world = len(partials)
     if mode == "hidden_scatter":
         width = partials[0].shape[1] // world

@@ -1,7 +1,7 @@
 """Float64 math of the lmf ops, written independently of latent_moe_fusion/ops (loops, no roundings).
 
 Tests compare the ops against these functions with a relative L2 error bound: the ops round where
-DESIGN.md says they do, these never round, so the bound reflects the activation dtype's precision.
+docs/design.md says they do, these never round, so the bound reflects the activation dtype's precision.
 """
 
 from __future__ import annotations

@@ -213,7 +213,7 @@ def test_id_check_opt_out_is_read_and_keeps_cpu_checked(monkeypatch):
 
 
 def test_every_negative_id_is_an_expert_elsewhere():
-    """DESIGN.md: ids < 0 are skipped (the expert is not on this rank), whatever their value; the range error says so."""
+    """docs/design.md: ids < 0 are skipped (the expert is not on this rank), whatever their value; the range error says so."""
     args = _routed(torch.Generator().manual_seed(6))
     args["topk_ids"][0, 0] = -1
     skipped = torch.ops.lmf.routed_experts(**args)

@@ -52,7 +52,7 @@ def test_the_two_parts_count_every_weight_once(rng_seed):
 
 
 def test_ratios_with_routed_as_measured_bracket_the_fused_block():
-    """M = 32 of the session-19 block (us): compiled 282.5, fused 238.4, routed 189.95, router GEMM 10.24, the
+    """M = 32 of a measured block (us): compiled 282.5, fused 238.4, routed 189.95, router GEMM 10.24, the
     rewritten part's floor 32.98, the projections' 25.2. In a row at floor < hidden, and that run's fused block
     lies below both."""
     in_a_row, hidden = ratios_with_routed_as_measured(282.5, 189.95, 10.24, 32.98, 25.2)

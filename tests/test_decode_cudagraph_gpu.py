@@ -1,4 +1,4 @@
-"""Decode under CUDA graphs (issue 6): the compiled + fused block captured and replayed.
+"""Decode under CUDA graphs: the compiled + fused block captured and replayed.
 
 Kimi K3 shapes (H 7168, L 3584, I 3072, top-16) with one rank's share of the layer: 64 local
 experts in MXFP4 and a 768-wide shared expert (TP8's shard), R = 1.

@@ -5,7 +5,7 @@ registers (4 CTAs of 4 warps per SM); the weight rings (cp.async or TMA through 
 take one CTA barrier per step and spill nothing under the register caps. The layout conversion to the
 wgmma operand is compiled with assert_trivial, so a change that needs a shuffle fails to compile here.
 
-Runs bench/regs_sass.py in a fresh interpreter without TRITON_INTERPRET (which this test session sets)."""
+Runs tests/gluon_compile_sm90.py in a fresh interpreter without TRITON_INTERPRET (which these tests set)."""
 
 import json
 from pathlib import Path
@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_register_dequant_kernels_compile_for_sm90_with_register_operands(tmp_path):
-    done = run_compiled([str(ROOT / "bench" / "regs_sass.py"), "--out", str(tmp_path)], timeout=600)
+    done = run_compiled([str(ROOT / "tests" / "gluon_compile_sm90.py"), "--out", str(tmp_path)], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads((tmp_path / "regs_sass.json").read_text())
+    rows = json.loads((tmp_path / "gluon_sass.json").read_text())
     # 32-row blocks (M = 128): L1's TMA ring issuing the next step's loads late (the "auto" order there) fits
     # 3 CTAs of 4 warps per SM, where the early order takes 177 registers (2 CTAs); L2's TMA ring spills nothing
     wide = {(r["kernel"], r["ring"], r["order"]): r for r in rows if r["block_rows"] == 32}

@@ -41,7 +41,7 @@ def test_identity_single_rank(rng_seed, dtype, weight_format, shared_gate_up):
 
 
 def _ws_expected(args: dict, world: int, rank: int) -> torch.Tensor:
-    """This rank's fragments from DESIGN.md's layout definition, with every rank's float64 partial."""
+    """This rank's fragments from docs/design.md's layout definition, with every rank's float64 partial."""
     partial = shared64(args["x_s"], args["w1_s"], args["w3_s"], args["w2_s"], args["beta"], args["lin_beta"])
     partials = [torch.empty_like(partial) for _ in range(world)]
     dist.all_gather(partials, partial)

@@ -3,7 +3,7 @@
 R ranks are R SymmetricExchange objects in this process over R plain device buffers (every "peer" mapping is the
 buffer itself), each rank's kernel on its own stream, all launched before any is waited for: they run at the same
 time and meet through the flags, as on R GPUs (there over NVLink, tests/test_symm_exchange_gpu.py). Checked
-bitwise against the DESIGN.md layouts, over exchanges of changing shapes and many in a row without a host sync.
+bitwise against docs/design.md's layouts, over exchanges of changing shapes and many in a row without a host sync.
 """
 
 import pytest

@@ -1,6 +1,6 @@
 """The FP8 routed kernels' pieces on the CPU: the e2m1 -> e4m3 placement (its very PTX, emulated, every byte), the per-token
 e4m3 split (numerics, k order, edge rows, bad inputs), the switch (the FP8 L1 by default) in the picked config, and the kernels'
-static SASS for sm_90 (bench/fp8_sass.py: registers, spills, FP8 wgmmas from registers)."""
+static SASS for sm_90 (tests/fp8_compile_sm90.py: registers, spills, FP8 wgmmas from registers)."""
 
 from __future__ import annotations
 
@@ -145,9 +145,9 @@ def test_a_default_fp8_pick_falls_back_to_the_bf16_kernels_where_they_cannot_run
 
 
 def test_fp8_kernels_compile_for_sm90_within_4_ctas_per_sm(tmp_path):
-    done = run_compiled([str(ROOT / "bench" / "fp8_sass.py"), "--out", str(tmp_path)], timeout=600)
+    done = run_compiled([str(ROOT / "tests" / "fp8_compile_sm90.py"), "--out", str(tmp_path)], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads((tmp_path / "fp8_sass.json").read_text())["rows"]
+    rows = json.loads((tmp_path / "fp8_sass.json").read_text())
     l1 = [r for r in rows if r["kernel"] == "l1_fp8_kernel"]
     # 8-row blocks: one K loop (8-row MMAs); 16-row blocks: an 8- and a 16-row path
     assert [(r["block_rows"], r["mma"].split(".")[1]) for r in l1] == [(8, "64x8x32"), (16, "64x8x32"),

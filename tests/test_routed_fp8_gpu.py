@@ -22,7 +22,7 @@ pytestmark = SM90_ONLY
 # Pairs per expert across one to five 8-row blocks, and experts with none (ids_with_rows; the rest other ranks').
 EXPERT_ROWS = {32: (0, 1, 7, 8, 9, 15, 16, 3, 0, 2, 5, 12, 16, 11), 8: (1, 8, 9, 0, 12, 3, 5, 2)}
 # FP8 against the bf16 kernels: both round act and the output to bf16 once; the FP8 route's products differ by
-# ~3e-5 (bench/results/fp8_split_numerics.md), so the outputs sit within ~1e-3 of each other.
+# ~3e-5 (docs/design/routed-dequantisation.md), so the outputs sit within ~1e-3 of each other.
 FP8_VS_BF16 = 2e-3
 
 

@@ -3,7 +3,7 @@ no shared memory and no barrier (every word, its 8 expanded values and the activ
 registers of the thread that loaded them), one vector load per weight row and step, no spills, one FP32
 FMA per weight element, and with scaled sums no bf16x2 scale multiply.
 
-Runs bench/routed_gemv_sass.py in a fresh interpreter without TRITON_INTERPRET (which this session sets)."""
+Runs tests/routed_gemv_compile_sm90.py in a fresh interpreter without TRITON_INTERPRET (which these tests set)."""
 
 import json
 from pathlib import Path
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_routed_gemv_kernels_keep_everything_in_registers(tmp_path):
-    done = run_compiled([str(ROOT / "bench" / "routed_gemv_sass.py"), "--out", str(tmp_path)], timeout=600)
+    done = run_compiled([str(ROOT / "tests" / "routed_gemv_compile_sm90.py"), "--out", str(tmp_path)], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((tmp_path / "routed_gemv_sass.json").read_text())
     assert {(r["kernel"], r["tokens"]) for r in rows} == {

@@ -5,7 +5,7 @@ rows by 4 cp.async copies per thread (no activation registers), the weight words
 by 4 16-byte stores; and the launch fits 2 CTAs of 8 warps per SM (128 registers without spills, shared memory within
 half an SM's 228 KB). The gate / up pairing of L1's epilogue is compiled with assert_trivial.
 
-Runs bench/staged_sass.py in a fresh interpreter without TRITON_INTERPRET (which this test session sets)."""
+Runs tests/staged_compile_sm90.py in a fresh interpreter without TRITON_INTERPRET (which these tests set)."""
 
 import json
 from pathlib import Path
@@ -18,7 +18,7 @@ SM_SHARED_BYTES, CTA_RESERVED_BYTES = 228 * 1024, 1024  # sm_90: shared memory p
 
 
 def test_staged_kernels_compile_for_sm90_with_two_ctas_per_sm(tmp_path):
-    done = run_compiled([str(ROOT / "bench" / "staged_sass.py"), "--out", str(tmp_path)], timeout=600)
+    done = run_compiled([str(ROOT / "tests" / "staged_compile_sm90.py"), "--out", str(tmp_path)], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {r["kernel"]: r for r in json.loads((tmp_path / "staged_sass.json").read_text())}
     assert sorted(rows) == ["l1_staged_kernel", "l2_staged_kernel"]

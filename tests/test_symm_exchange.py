@@ -3,7 +3,7 @@
 Both methods (the one-launch Triton exchange, run by the interpreter, and the torch copies between barriers) run
 for real in R processes over a stand-in for the symmetric workspace: every rank's buffer is shared memory that
 every process maps (at its own addresses, as peers' GPU buffers are mapped), the copies' barrier a gloo barrier.
-The published fragments and the gathered output must be the DESIGN.md layouts of the ranks' data, bitwise,
+The published fragments and the gathered output must be docs/design.md's layouts of the ranks' data, bitwise,
 exchange after exchange over the same workspace (the flags must come back to rest). The real path (NCCL,
 peer-mapped GPU memory) is tests/test_symm_exchange_gpu.py. Here also: the per-call choice, and
 prepare_symmetric_exchange failing closed on gloo (every rank keeps torch.distributed).

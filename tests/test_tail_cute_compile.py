@@ -1,4 +1,4 @@
-"""CuTe DSL tail (issue 7) without a GPU: the kernels compile for sm_90a to WGMMA + TMA PTX, and the
+"""CuTe DSL tail without a GPU: the kernels compile for sm_90a to WGMMA + TMA PTX, and the
 backend's selection rules (measured table, forcing, shape checks) hold."""
 
 import importlib.util

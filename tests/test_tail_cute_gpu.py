@@ -1,4 +1,4 @@
-"""CuTe DSL tail kernel on an H100/H200 (issue 7): against a float64 reference on random shapes (M not
+"""CuTe DSL tail kernel on an H100/H200: against a float64 reference on random shapes (M not
 a multiple of the tile, K longer and shorter than the pipeline), poisoned outputs, every fragment
 layout, the op path, determinism, the current stream, CUDA-graph capture + replay, and the programmatic
 dependent launch (bitwise the plain one, also behind a kernel that signals early and writes its input).

@@ -1,4 +1,4 @@
-"""The Inductor fusion pass (DESIGN.md section 3)."""
+"""The Inductor fusion pass (docs/design.md, section 3)."""
 
 from .cache_record import FusionRecord, record_fusion
 from .capabilities import DISABLE_ENV, Capabilities, agree_capabilities

@@ -6,7 +6,7 @@ the pattern matcher rewrite the approved ones (matcher.py) into
     y_n, ws = lmf::moe_shared_producer(<routed args>, rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group)
     out     = lmf::latent_tail(y_n, w_up, ws, mode, group)
 
-and, beyond DESIGN.md, the router: its chain after the gate GEMM into lmf::noaux_tc_route (routing.py),
+and, beyond the brief (docs/design.md, section 3), the router: its chain after the gate GEMM into lmf::noaux_tc_route (routing.py),
 then that route with its gate GEMM and the latent down-projection of the same tokens into
 lmf::route_and_project (router_overlap.py), which runs the two side by side on CUDA, or with the block's
 producer into lmf::route_and_produce, which also starts the shared expert first.

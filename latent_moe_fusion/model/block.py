@@ -1,4 +1,4 @@
-"""The unfused Kimi K3 latent-MoE block on one tensor-parallel rank (DESIGN.md section 1)."""
+"""The unfused Kimi K3 latent-MoE block on one tensor-parallel rank (docs/design.md, section 1)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class KimiK3MoEBlock(nn.Module):
     """x [M, H] -> u + s, the reference the fusion pass rewrites.
 
     tp_group: the TP process group (None: R = 1). sequence_parallel: x holds this rank's tokens;
-    the shared expert all-gathers x and reduce-scatters its output. Beyond DESIGN.md:
+    the shared expert all-gathers x and reduce-scatters its output. Beyond docs/design.md's API:
     shared_gate_up ('merged' one [2 I_s/R, H] matmul, or 'split' two), rms_norm ('functional'
     F.rms_norm or 'manual' float32 form), router_gemm ('fp32' the HF reference, or 'bf16' a BF16
     tensor-core GEMM with FP32 logits on CUDA, as serving engines run it: see router.router_logits),

@@ -25,8 +25,8 @@ from .triton_kernels.tail_configs import TailConfig, _pow2
 DOWN_PROJECTION_ENV = "LMF_DOWN_PROJECTION"
 DEFAULT_BACKEND = "triton"
 
-# (largest M, config); H200, H = 7168, L = 3584; 112 CTAs each. Alone over L2-cold weights (down_projection.md)
-# every entry is 1.04-1.11x faster than cuBLAS; in the block (decode_tuning_down_triton*.md) the split-free
+# (largest M, config); H200, H = 7168, L = 3584; 112 CTAs each. Alone over L2-cold weights (bench/results/down_projection.md)
+# every entry is 1.04-1.11x faster than cuBLAS; in the block (decode_tuning_down_triton.md) the split-free
 # kernel wins at 5-16 tokens, where the two-slice one lost 1.2-1.5 us at M = 16, and loses 1-3 us at 1-2.
 TRITON_TABLE: tuple[tuple[int, TailConfig], ...] = (
     (4, TailConfig("swap", 16, 64, 128, num_warps=4, num_stages=6, split_k=2)),

@@ -1,4 +1,4 @@
-"""Shared-fragment layouts (DESIGN.md section 2) and the cross-rank movement that fills them.
+"""Shared-fragment layouts (docs/design.md, section 2) and the cross-rank movement that fills them.
 
 On rank q of R:
   local          (R = 1)    ws [1, M, H]

@@ -6,7 +6,7 @@ empty tensors of the right shape so that torch.compile catches bad arguments at 
 
 The ops are defined with `torch.library.Library` (schema, CPU and CUDA kernels, fake impl) rather than
 `torch.library.custom_op`, whose Python autograd and aliasing-check layers run on every call: on the
-H200's host the producer's minimum host time per call is 50-80 us lower this way (bench/op_host_time.py),
+H200's host the producer's minimum host time per call is 50-80 us lower this way (docs/design/prefill.md),
 time a prefill forward outside CUDA graphs pays as GPU idle time. The ops are not differentiable:
 autograd passes over them (their outputs never require grad), so a backward through one fails loudly.
 """
@@ -100,7 +100,7 @@ def _routed_experts(
     beta: float,
     lin_beta: float,
 ) -> torch.Tensor:
-    """Routed experts in the latent space: y [M, L] in z.dtype (DESIGN.md section 2)."""
+    """Routed experts in the latent space: y [M, L] in z.dtype (docs/design.md, section 2)."""
     args = (z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta)
     num_experts, _ = validate_routed("routed_experts", *args, ids=False)
     return _run_routed_backend("routed_experts", topk_ids, num_experts, args)

@@ -1,4 +1,4 @@
-"""Pure-PyTorch math that defines the ops' semantics (DESIGN.md section 2).
+"""Pure-PyTorch math that defines the ops' semantics (docs/design.md, section 2).
 
 Every function here runs on CPU and GPU and is the reference the fast backends are tested
 against. Accumulation is FP32; roundings to the activation dtype happen exactly where the

@@ -28,7 +28,7 @@ from .device import capability
 
 PDL_ENV = "LMF_PDL"
 PDL_SITES = ("tail", "routed")
-# H200 (bench/results/decode_tuning.md): in CUDA graphs a plain dependent launch already starts ~0.4 us
+# H200 (docs/design/decode-schedule.md): in CUDA graphs a plain dependent launch already starts ~0.4 us
 # after its predecessor, so PDL buys the weight prefetch: at M = 1 the block took 99.4 us without PDL,
 # 97.7 with the tail's and 95.9 with both sites. The
 # routed site acts only on a single token's K-split chain (expert_schedule): at M = 8 its waiting L2

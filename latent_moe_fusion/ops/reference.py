@@ -1,4 +1,4 @@
-"""Reference backends of the three ops: pure PyTorch, any device, the semantics of DESIGN.md. Their cross-rank
+"""Reference backends of the three ops: pure PyTorch, any device, the semantics of docs/design.md. Their cross-rank
 movement is always torch.distributed's (the symmetric-memory path is checked against it)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """lmf::route_and_produce: lmf::route_and_project and the lmf::moe_shared_producer it feeds as one op, so that
-on CUDA the shared expert can start first, beside the router and the down-projection (beyond DESIGN.md
-section 2; the producer's semantics and outputs are unchanged).
+on CUDA the shared expert can start first, beside the router and the down-projection (beyond the brief,
+docs/design.md, section 2; the producer's semantics and outputs are unchanged).
 
     ids, weights, z = lmf::route_and_project(x, gate_weight, correction_bias, w_down, router_gemm, top_k,
                                              renorm_eps, scaling_factor, first_expert, num_local)
@@ -57,8 +57,7 @@ SHARED_FIRST_MAX_TOKENS = 128
 # "shared", "router" (router GEMM, route, grouping) and "down" (the down-projection). Every side stream forks
 # before any of them, so the order only decides which kernels the GPU starts first: the cuBLAS GEMMs of each
 # take every SM, so they run largely in launch order. H200 block, alternating rounds in one process
-# (bench/results/decode_tuning_shared_first_urgent.md has the final A/B; session 17's in
-# decode_tuning_shared_first_order.md): router first, then the shared expert, then the down-projection is
+# (bench/results/decode_tuning_shared_first_urgent.md; docs/design/decode-schedule.md): router first, then the shared expert, then the down-projection is
 # 2-6 us faster than the shared expert first at M = 16 and 32 in four runs, 3 and 8-9 us slower at M = 64
 # and 128. Hence the router chain first up to ROUTER_FIRST_MAX_TOKENS tokens, the shared expert first beyond.
 SHARED_FIRST_ORDER_ENV = "LMF_SHARED_FIRST_ORDER"

@@ -1,5 +1,5 @@
 """lmf::route_and_project: the router (gate GEMM + lmf::noaux_tc_route) and the latent down-projection
-of the same tokens as one op, so that on CUDA they run side by side (beyond DESIGN.md section 2).
+of the same tokens as one op, so that on CUDA they run side by side (beyond the brief, docs/design.md, section 2).
 
     logits       = x @ gate_weight^T in FP32      router_gemm "fp32": the FP32 GEMM of the widened
                                                   operands; "bf16": the BF16 GEMM with an FP32 output
@@ -44,7 +44,7 @@ OVERLAP_MAX_TOKENS = 64
 # first on the caller's stream, then the down-projection on the side stream) or "down" (the down-projection
 # first, on the side stream; the router chain after it on the caller's stream). Either way the side stream
 # forks before both, so neither waits on the other; only the launch order, and so the GPU's, changes. H200,
-# compiled fused block: down first is 3-5 % slower at M = 1 / 8 / 32 (bench/results/decode_tuning_overlap_order.md).
+# compiled fused block: down first is 3-5 % slower at M = 1 / 8 / 32 (docs/design/decode-schedule.md).
 OVERLAP_ORDER_ENV = "LMF_ROUTER_OVERLAP_ORDER"
 OVERLAP_ORDERS = ("router", "down")
 

@@ -1,4 +1,4 @@
-"""lmf::noaux_tc_route: Kimi K3's router after the gate GEMM, as one op (beyond DESIGN.md section 2).
+"""lmf::noaux_tc_route: Kimi K3's router after the gate GEMM, as one op (beyond the brief, docs/design.md, section 2).
 
     scores  = sigmoid(logits)                                    [M, E] fp32
     ids     = the top_k largest of scores + correction_bias per row

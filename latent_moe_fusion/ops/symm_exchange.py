@@ -1,4 +1,4 @@
-"""Symmetric-memory fragment publication and output all-gather for R > 1 on CUDA (DESIGN.md section 2:
+"""Symmetric-memory fragment publication and output all-gather for R > 1 on CUDA (docs/design.md, section 2:
 "symmetric-memory peer writes where available"). layouts.py's torch.distributed movement is the reference; these
 paths move the same bytes to the same places, so the ops' outputs are bitwise those of the reference path.
 
@@ -48,7 +48,7 @@ CHOICES = ("auto", "on", "off")
 _CODES = {"off": 0, "auto": 1, "on": 2}  # agreed across ranks by MIN: one rank's "off" turns it off everywhere
 # Token windows (the op's output tokens M: TP every rank's M, SP the local tokens) where the symmetric path is
 # taken by default, measured on two H200 (bench/tp.py -> bench/results/tp.md). None: no bound.
-# Per method: (fragments, gather). The copies' windows from bench/results/tp_copies_ac48dd1.md: below 8 tokens
+# Per method: (fragments, gather). The copies' windows from bench/results/tp.md: below 8 tokens
 # NCCL's all-to-all and all-gather took ~13 us where the copies between barriers took ~30.
 WINDOWS: dict[str, tuple[tuple[int, int | None], tuple[int, int | None]]] = {
     "kernel": ((1, None), (1, None)),
@@ -64,8 +64,7 @@ _ALIGN = 256
 _MAX_VIEWS = 1024
 METHODS = ("kernel", "copies")
 METHOD_ENV = "LMF_SYMM_EXCHANGE_METHOD"  # read by prepare_symmetric_exchange; must be the same on every rank
-# The copies are the default: they ran on two H200 (tests/test_symm_exchange_gpu.py, bench/results/
-# tp_copies_ac48dd1.md). The kernel has run on one GPU only, its ranks as concurrent streams
+# The copies are the default: they ran on two H200 (tests/test_symm_exchange_gpu.py, bench/results/tp.md). The kernel has run on one GPU only, its ranks as concurrent streams
 # (tests/test_peer_exchange_gpu.py): no two-GPU machine was lent after it was written.
 DEFAULT_METHOD = "copies"
 

@@ -2,8 +2,8 @@
 
 Each piece is plain torch (traced by `fwd_only` into the same aten ops Inductor sees), except the
 functional RMSNorm: tracing `F.rms_norm` gives an in-place add and a baked eps, while the compiled
-graph holds the explicit decomposition below (FIELD-NOTES: pow, mean over the last dim as a
-non-negative index, add.Scalar(eps), rsqrt, two muls).
+graph holds the explicit decomposition below (pow, mean over the last dim as a non-negative index,
+add.Scalar(eps), rsqrt, two muls; docs/design/fusion-pass.md).
 """
 
 from __future__ import annotations

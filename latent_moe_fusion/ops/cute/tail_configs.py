@@ -71,8 +71,7 @@ PREFILL = CuteTailConfig(swap_ab=False, mma_m=128, mma_n=128, stages=3)
 # (largest M of the bucket, config); the first bucket with M <= bound serves M. Decode: one 64-row tile of
 # the bucket's tokens per CTA (112 CTAs at N = 7168) as deep as shared memory allows to a point: on the H200
 # 12 stages beat 8 by 3-4 % at M = 8 / 32, 10 at M = 64, 8 beat 6 by 9 % at M = 128; smaller token tiles
-# (more CTAs) and two warpgroups per CTA were slower everywhere (bench/results/tail_cute_sweep.md,
-# tail_cute_stages.md). M = 16 is unmeasured and takes M = 8 / 32's depth.
+# (more CTAs) and two warpgroups per CTA were slower everywhere (docs/design/tail.md). M = 16 is unmeasured and takes M = 8 / 32's depth.
 # M <= 2 is a bucket of its own (same kernel as M <= 8) because the Triton tail serves it with its CUDA-core
 # GEMV (triton_kernels.tail_configs.GEMV_MAX_M), so the measured backend choice can differ there.
 TABLE: tuple[tuple[int, CuteTailConfig], ...] = (

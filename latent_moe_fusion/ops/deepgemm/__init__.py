@@ -1,4 +1,4 @@
-"""Optional DeepGEMM backends (docs/deepgemm.md). Importing this package never imports deep_gemm.
+"""Optional DeepGEMM backends (docs/design/deepgemm.md). Importing this package never imports deep_gemm.
 
 - lmf::moe_shared_producer on SM100 MegaMoE with a BF16 shared expert (sm100_mega_moe.py);
   needs `prepare_deepgemm_producer(...)` on every rank before forward. Not run on hardware here.

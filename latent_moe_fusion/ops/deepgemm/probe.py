@@ -97,7 +97,7 @@ def _import() -> tuple[ModuleType | None, str]:
         return importlib.import_module("deep_gemm"), ""
     except ModuleNotFoundError as exc:
         if exc.name == "deep_gemm":
-            return None, "deep_gemm is not installed (see docs/deepgemm.md)"
+            return None, "deep_gemm is not installed (see docs/design/deepgemm.md)"
         return None, f"import deep_gemm failed: {exc}"
     except Exception as exc:  # noqa: BLE001 -- any import failure means "unusable", with its text
         return None, f"import deep_gemm failed: {type(exc).__name__}: {exc}"

@@ -28,22 +28,22 @@ STAGED_WARPS = 8  # two warp groups, 128 weight rows per program (L1: 64 gate + 
 STAGED_STEP_K = 64
 STAGED_K_MULTIPLE = 4 * STAGED_STEP_K  # the k loop runs whole rounds of its 4-stage rings
 # 2 CTAs per SM: 112 KB of shared memory each and at most 128 registers (L1 takes 135 uncapped, no spills under the
-# cap). H200, EP share of M = 4096: L1 1345 us at one CTA per SM, 1090 at two (bench/results/prefill_blocks.md).
+# cap). H200, EP share of M = 4096: L1 1345 us at one CTA per SM, 1090 at two (docs/design/prefill.md).
 STAGED_MAX_REGISTERS = 128
-# H200, Kimi K3 rank, L1 + L2 alone (bench/results/regs_block_rows.md): 64-row blocks (TMA rings, uncapped) against
+# H200, Kimi K3 rank, L1 + L2 alone (docs/design/prefill.md): 64-row blocks (TMA rings, uncapped) against
 # 32-row blocks (L2 on the cp.async ring beyond L2_TMA_MAX_PAIRS) 0.98x at 30 rows per hit expert, 1.09x at 57,
 # 1.14x at 108, 1.20x at 211, 1.27x at 392 (EP share), 1.15x at 146, 1.27x at 293, 1.25x at 585 (all local).
 STEP_K = 128  # k per mainloop step: one 32-block per thread
 FP8_BLOCK_ROWS = (8, 16, 32)  # the FP8 kernels' blocks (routed_fp8.py)
 FP8_K_MULTIPLE = 4 * STEP_K  # the FP8 kernels' K: whole rounds of their 4-stage rings
 FP8_WORDS_SWIZZLE = 64  # bytes: the FP8 kernels' 4-byte reads of a [rows, 16 words] stage are then conflict-free
-# H200: 4 warps beat 8 for L1 (2 accumulators), 8 beat 4 for L2 (bench/results/producer_notes.md, run 6)
+# H200: 4 warps beat 8 for L1 (2 accumulators), 8 beat 4 for L2 (docs/design/routed-decode.md)
 L1_WARPS, L2_WARPS = 4, 8
 ROW_TILES = (16 * L1_WARPS, 16 * L2_WARPS)  # weight rows per program (16 per warp)
 # How the weight words reach the registers: "loads" (16-byte loads one k step ahead: bytes in flight bounded
 # by registers), or a ring of shared-memory stages (k steps in flight independent of registers) filled per
 # thread by cp.async ("cp2", "cp4": 1 / 3 steps ahead) or by TMA ("tma": 4 stages, 3 steps ahead; L1's
-# gate and up tiles in one box). All give the same bits. H200 (bench/results/routed_ring.md, one token per
+# gate and up tiles in one box). All give the same bits. H200 (docs/design/routed-decode.md, one token per
 # row): L1 and L2 fastest on the TMA ring at M = 8 / 32 / 128 (128 / 512 / 2048 pairs; L2 at M = 128 198
 # against 216 us on the cp.async ring since the TMA ring's single activation buffer ended its spills, 249
 # against 218 before). Beyond the pairs measured, L2 keeps the cp.async ring.
@@ -54,7 +54,7 @@ L2_TMA_MAX_PAIRS = 2048
 def default_rings(num_pairs: int, block_m: int = 32) -> tuple[str, str]:
     """The measured choice of rings (L1, L2) for a call with num_pairs (token, slot) pairs in block_m-row blocks:
     64-row blocks take the TMA ring for L2 at any size (1.4-1.6x faster than the cp.async ring uncapped, 1.1-1.25x
-    than capped at 128 registers, where it spills 12: regs_block_rows.md)."""
+    than capped at 128 registers, where it spills 12: docs/design/prefill.md)."""
     return "tma", "tma" if num_pairs <= L2_TMA_MAX_PAIRS or block_m == 64 else "cp4"
 
 
@@ -63,13 +63,13 @@ RING_ENV = "LMF_MXFP4_RING"  # tuning override: a WEIGHT_RINGS name for both ker
 # "auto" (after the step's barrier for 32-row MMAs, before its stage wait for 16-row ones), "early", "late".
 LOAD_ORDER_ENV = "LMF_MXFP4_LOAD_ORDER"
 LOAD_ORDERS = ("auto", "early", "late")
-# Register caps, for 4 CTAs of 4 warps (L1) and 3 of 8 warps (L2) per SM without spills (regs_sass.md): L1's
+# Register caps, for 4 CTAs of 4 warps (L1) and 3 of 8 warps (L2) per SM without spills (tests/test_gluon_compile_sm90.py): L1's
 # loads loop would take 151 registers and L2's unrolled rings up to 103 (its K-sliced loads, a single
 # token's rare path, spill 2 under the cap). L1's TMA ring takes 128 by itself but spills under an explicit
 # cap of 128 (ptxas), so it runs uncapped.
 L1_MAX_REGISTERS, L2_MAX_REGISTERS = 128, 80
 # 64-row blocks run uncapped: L1 takes 252 registers (2 CTAs per SM), L2 128 on the TMA ring; L2 capped at 80
-# spills 122 registers and ran 1.6-2.3x slower (regs_block_rows.md).
+# spills 122 registers and ran 1.6-2.3x slower (docs/design/prefill.md).
 
 
 # Tuning override of those caps: "L1,L2" (or one value for both), each a register count in 24 .. 255, "none" (uncapped) or "auto"
@@ -192,7 +192,7 @@ def ring_for(ring: str, k_steps: int, split: int) -> str:
     """The ring a kernel call takes: a ring loop runs whole rounds of its stages (unrolled, one allocation per
     stage), so a K range that is no multiple of them takes the loads; so do K slices (a single token's few
     programs: regs_split), where L1's TMA ring needs 146 registers here. A tree that rebased the ring to the
-    slice and ran slices on the rings was slower at every M than whole K (bench/results/routed_split.md)."""
+    slice and ran slices on the rings was slower at every M than whole K (docs/design/routed-decode.md)."""
     if ring not in WEIGHT_RINGS:
         raise ValueError(f"unknown weight ring {ring!r}: expected one of {', '.join(WEIGHT_RINGS)}")
     return ring if split == 1 and k_steps % max(WEIGHT_RINGS[ring][1], 1) == 0 else "loads"

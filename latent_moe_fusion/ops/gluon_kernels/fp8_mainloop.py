@@ -18,7 +18,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from .ring_loops import _alloc_ring, _ring_coord
 
 STAGES = gl.constexpr(4)
-MMA_SCHEDULES = ("pipe", "block")  # _step_mmas; "pipe" the default (H200: bench/results/routed_fp8.md)
+MMA_SCHEDULES = ("pipe", "block")  # _step_mmas; "pipe" the default (H200: docs/design/routed-dequantisation.md)
 
 # $2: 4 bytes of codes packed (pack=4: one register holds word q's 4 bytes); $0: their low nibbles as e4m3, $1 the
 # high ones (bit placement, see the module doc). Low: magnitude << 2, sign << 4;
@@ -123,7 +123,7 @@ def _step_mmas(cgs, cus, hi_buf, lo_buf, sc_g, sc_u, g, u, pending, a_l: gl.cons
     """The step's 4 blocks: MMAs into fresh sums, then acc += scale * sums, scheduled as MMA says:
     - "pipe": block j + 1's MMAs go out before block j's wait (two blocks in flight), all done by the step's end;
     - "block": block j's MMAs, then block j - 1's scaled adds (pending: the last step's block 3), then the wait.
-    (All 16 MMAs then one wait, 255 registers with spills, was 0.89-0.95x "block": routed_fp8_schedules.md.)
+    (All 16 MMAs then one wait, 255 registers with spills, was 0.89-0.95x "block": docs/design/routed-dequantisation.md.)
     The waits take the accumulators as dependencies: otherwise the compiler sinks every scaled add to the end of the
     step and keeps every block's sums live."""
     tg, tu, sc_p, su_p = pending

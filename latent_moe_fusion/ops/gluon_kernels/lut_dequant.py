@@ -106,7 +106,7 @@ def codes_to_f32_unscaled(words):
 # [59, 192] (below: rounded towards 0 as bf16 subnormals; above: inf / NaN, never a finite wrong value); the
 # kernels multiply their FP32 sums by 2^WINDOW. Per word: 9 ALU-pipe instructions and 9 FMA-pipe ones (integer
 # multiplies, bf16x2 multiplies) where the table takes 15 and 5: the ALU pipe throttled the table's kernels
-# (bench/results/routed_kernels_ncu_rings.md).
+# (Nsight Compute; docs/design/routed-dequantisation.md).
 WINDOW = 64
 WINDOW_SCALE = float(2**WINDOW)
 SCALE_BYTES_EXACT = (WINDOW - 5, WINDOW + 128)  # s - 127 - WINDOW >= -133 + 1 for code 0.5; the factor < 2^128

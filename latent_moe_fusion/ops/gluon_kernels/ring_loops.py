@@ -46,7 +46,7 @@ def _next_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, i, DUAL: g
     (ORDER "auto"; gluon_kernels.LOAD_ORDER_ENV forces either): with the late issue ptxas also fits L1's
     32-row kernel in 155 registers instead of 177 (3 CTAs per SM instead of 2; 167 against 185 with the
     double activation buffer, when L1 at M = 128 took 405 against 453 us); 16-row MMAs were faster early
-    (73.8 against 75.0 us at M = 8; H200, bench/results/tma_load_order.md, double buffer). The cp.async
+    (73.8 against 75.0 us at M = 8; H200, double buffer; docs/design/routed-decode.md). The cp.async
     ring issues them first (after its barrier it was slower at every M)."""
     k_nx = gl.multiple_of(gl.minimum(k_begin + (i + 1) * BK, k_end - BK), BK)
     return load_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_nx, DUAL)
@@ -110,8 +110,8 @@ def _tma_step(u: gl.constexpr, i, ws, rs, buf, w_desc, w_row, s_ptrs, s2_ptrs, a
     # One activation buffer for every step: the compiler puts a CTA barrier before this store (the last
     # step's wgmma read the buffer), and the loop then keeps its few wgmma descriptors in uniform
     # registers. With two buffers alternating it rebuilt sixteen per step (~30 uniform moves) and L2
-    # spilled: 415 -> 385 instructions per step in L1 (regs_sass.md); on the H200 L1 3-5 % faster at M = 8
-    # .. 128, L2 5 % at M = 8 / 32 and 20 % at M = 128 (routed_ring.md against routed_ring_double_act.md).
+    # spilled: 415 -> 385 instructions per step in L1 (tests/test_gluon_compile_sm90.py); on the H200 L1 3-5 % faster at
+    # M = 8 .. 128, L2 5 % at M = 8 / 32 and 20 % at M = 128 (docs/design/routed-decode.md).
     buf.store(to_kappa(act, BM, BK))
     # Orders this thread's activation stores and its reads of the stage before the async-proxy accesses
     # after the barrier (the wgmma's read of the activation tile, the stage's refill).
@@ -141,7 +141,7 @@ def mainloop_tma(w_desc, w_row, s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end,
     by 4, every stage and barrier its own allocation: two CTA barriers per step, both for the activation
     tile (complete before the wgmma; read by the last step's wgmma before the store). The K range must hold a
     whole number of rounds (the launcher takes the loads otherwise: a guarded last round cost registers
-    and time in the whole kernel, run 10 of bench/results/producer_notes.md)."""
+    and time in the whole kernel: docs/design/routed-decode.md)."""
     STAGES: gl.constexpr = 4
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
     b_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)

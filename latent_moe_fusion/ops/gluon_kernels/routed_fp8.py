@@ -1,10 +1,10 @@
 """Routed MXFP4 experts on FP8 MMAs (decode, Gluon, sm_90; LMF_ROUTED_FP8): the e2m1 codes placed as e4m3, the activations
 split per row into two e4m3 parts, the E8M0 scales applied to the FP32 sums of each 32-wide k block. L1 (gate and
 up, SiTU, bf16 act) is what LMF_ROUTED_FP8=1 (the default) takes; L2 (on L1's act rows, split between the two) is
-LMF_ROUTED_FP8=l1,l2 (H200: no faster than the bf16 L2 once its split is paid; producer_notes.md run 18).
+LMF_ROUTED_FP8=l1,l2 (H200: no faster than the bf16 L2 once its split is paid; docs/design/routed-dequantisation.md).
 
 Why: the bf16 register-dequant kernels (routed_gemm.py) are bound by the dequantiser's instruction count, not by
-their bytes (bench/results/producer_notes.md, run 17): 17 instructions per weight word, 9 of them on the
+their bytes (docs/design/routed-dequantisation.md): 17 instructions per weight word, 9 of them on the
 half-rate ALU pipe. Here a word (8 codes of one row) becomes two wgmma registers in 7 (5 ALU):
 
 - e2m1 -> e4m3 is a bit placement: sign to bit 7, the magnitude bits (e1 e0 m) to bits 4..2. The byte then reads
@@ -13,7 +13,7 @@ half-rate ALU pipe. Here a word (8 codes of one row) becomes two wgmma registers
   sums (``acc += 2^(s - 127) * block``), so the MMA covers exactly one scale block: k32 FP8 wgmmas;
 - the activations are bf16; one e4m3 keeps 4 of their 8 significant bits, so each token is split once, outside
   the kernel, as z * 2^f = hi + lo (f a power of two per token putting its largest |z| at the top of e4m3's
-  range): two MMAs per block on the same weight registers. Numerics: bench/results/fp8_split_numerics.md
+  range): two MMAs per block on the same weight registers. Numerics: docs/design/routed-dequantisation.md
   (~3e-5 from float64 against 1.6e-3 for rounding the output to bf16 once; not bitwise the bf16 path).
 
 The k order inside a 32-block: the wgmma register for row r holds k 4q .. 4q + 3 (q = lane % 4) and another

@@ -5,7 +5,7 @@ Same schedule and outputs as triton_kernels/expert_gemm.py for blocks of BM = 16
 rows (a block's MMA takes N = 16 or 32 where no more of its rows hold a pair): out^T [BN, BM] =
 W[e, rows, :] @ act^T, the weight the left operand. The Triton kernels stage every dequantised tile
 through shared memory before the MMA (load -> dequant -> store -> barrier -> wgmma, latency-bound:
-bench/results/producer_notes.md, run 5). Here each thread loads the 16
+docs/design/producer.md). Here each thread loads the 16
 contiguous bytes of its own fragment (lut_dequant.py: the MMA's k order is permuted so that this holds
 for the standard layout), expands them in registers and issues the wgmma with A from registers;
 only the small activation tile [BM, 128] goes through shared memory (double-buffered, stored in the

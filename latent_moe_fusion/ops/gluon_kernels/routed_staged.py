@@ -4,7 +4,7 @@ shared memory, both wgmma operands from shared memory, the MMA asynchronous.
 The register-dequant kernels (routed_gemm.py) feed each dequantised tile to a synchronous wgmma from registers and
 stage the activation tile through registers (loads, permutes, shared stores): fine at decode, where the weight bytes
 bound them, but at prefill they reach a third of the BF16 rate (bench/results/prefill_regs.md) and a wider MMA there
-was slower (bench/results/prefill_blocks_stacked.md: every thread then stages more activations). Here, per 64-wide
+was slower (docs/design/prefill.md: every thread then stages more activations). Here, per 64-wide
 k step:
 
 - the weight words of the program's BN rows arrive by TMA through a ring of 4 stages (3 steps ahead);

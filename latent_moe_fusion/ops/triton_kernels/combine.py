@@ -7,13 +7,13 @@ Slots with ids < 0 read nothing. The slot loop is unrolled so all K row loads ar
 With L2 split along K (SPLIT slices, pairs [SPLIT, M * K, L]) each slot's row is first the sum of
 its slices in slice order. With the norm and from 3 slices on, the row is processed in column chunks:
 K x SPLIT whole rows in flight next to the norm's row spill registers (producer at M = 1 and 4 slices:
-113.6 us, 76.4 with chunks; regs_split.md, regs_split_chunked_combine.md). The norm then reads the
+113.6 us, 76.4 with chunks; docs/design/routed-decode.md). The norm then reads the
 rounded y back in a second pass, so y is bitwise the same and y_n may differ from the one-pass sum of
 squares in its last place. Without the norm the one-pass form stays (5.5 us at 4 slices, 14.5 in chunks:
 the chunk loop waits for each chunk's loads).
 
 One program per row also at M = 1: cutting a row into column programs (per-chunk sums of squares, the
-last to arrive normalising the row) took 6.2 us against 3.8 on the H200 (session 9, decode_tuning.md).
+last to arrive normalising the row) took 6.2 us against 3.8 on the H200 (docs/design/decode-schedule.md).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ L1 and L2 per (token, slot) pair, no grouping, then 4.), more tokens' routed til
 register-dequant kernels
 (ops/gluon_kernels) instead; the shared expert runs in the Triton grids alone or as cuBLAS GEMMs, on a
 side stream or in line, by token count (shared_strategy). (The tail's CUDA-core GEMV for a token's
-shared down-projection measured no faster in the block: bench/results/decode_tuning_gemv.md.)
+shared down-projection measured no faster in the block: docs/design/decode-schedule.md.)
 """
 
 from __future__ import annotations
@@ -183,9 +183,8 @@ def in_line_library_first(m_s: int) -> bool:
     """Whether the shared expert's in-line library GEMMs go before the routed grouping ("first") rather than right
     after the routed L1 launch ("after_l1"). Outside CUDA graphs the host launches the grouping's kernels and L1
     while the GPU may have little queued: with the shared GEMMs (~0.2 ms of GPU at M = 4096) queued first, the GPU
-    computes them meanwhile. H200 block at M = 4096, one compile per A/B, back to back (session 22): first 2973 /
-    3015 against 2998 / 3025 us in two A/Bs (bench/results/shared_in_line_order.md the second; the rounds' ranges
-    overlap): at most 10-25 us. The same kernels on one stream: the same bits.
+    computes them meanwhile. H200 block at M = 4096, one compile per A/B, back to back: first 2973 /
+    3015 against 2998 / 3025 us in two A/Bs (docs/design/prefill.md; the rounds' ranges overlap): at most 10-25 us. The same kernels on one stream: the same bits.
     Decode sizes (in CUDA graphs, no host gaps) keep the order they were tuned with. SHARED_IN_LINE_ENV forces."""
     forced = env_choice(SHARED_IN_LINE_ENV, SHARED_IN_LINE_CHOICES, "where the in-line shared GEMMs go")
     if forced:
@@ -206,10 +205,10 @@ def shared_strategy(m_s: int) -> str:
     cublas_side: the same GEMMs on the side stream.
     The routed kernels are issue-bound, so a concurrent shared expert slows them: overlap pays only
     for a few tokens. H200, whole block compiled + fused in CUDA graphs, the three placements timed in
-    one process, side / cublas_side / cublas (us; bench/results/shared_strategy.md):
+    one process, side / cublas_side / cublas (us; docs/design/decode-schedule.md):
     M = 1: 108.1 / 109.1 / 116.6, M = 2: 119.3 / 133.5 / 127.4, M = 4: 158.8 / 166.4 / 169.7,
     M = 8: 187.4 / 184.2 / 190.2, M = 12: 226.9 / 220.7 / 227.9, M = 16: 251.8 / 249.9 / 258.2,
-    M = 32: 320.5 / 345.3 / 314.4. Re-measured after session 10's decode changes (decode_tuning_shared_placement.md):
+    M = 32: 320.5 / 345.3 / 314.4. Re-measured after the decode kernels changed:
     M = 1: side 93.6 / cublas_side 97.0; M = 8: cublas_side 163.5 / side 169.5.
     """
     forced = _forced(SHARED_ENV, SHARED_STRATEGIES)
@@ -223,8 +222,8 @@ def shared_strategy(m_s: int) -> str:
 def grid_shared_strategy(m_s: int) -> str:
     """Where the shared expert runs when the routed tiles are on the Triton grids: inside them ("grid",
     one launch per layer), or as cuBLAS GEMMs between them ("cublas", beyond GRID_SHARED_MAX_TOKENS).
-    H200, whole block at M = 4096 in alternating rounds (bench/results/shared_strategy.md): grid 4622 us,
-    cublas 4562 us; the grid's shared tiles took ~270 us against ~190 us for cuBLAS (block_kernels.md)."""
+    H200, whole block at M = 4096 in alternating rounds (docs/design/prefill.md): grid 4622 us,
+    cublas 4562 us; the grid's shared tiles took ~270 us against ~190 us for cuBLAS (by kernel time)."""
     forced = _forced(GRID_SHARED_ENV, GRID_SHARED_STRATEGIES)
     if forced:
         return forced
@@ -232,7 +231,7 @@ def grid_shared_strategy(m_s: int) -> str:
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The shared expert's side stream. A high-priority stream measured the same (run 6)."""
+    """The shared expert's side stream. A high-priority stream measured the same (docs/design/decode-schedule.md)."""
     return side_stream(device, "shared_expert")
 
 
@@ -401,7 +400,7 @@ def run_experts(
     # The grouping goes first where the Triton grids hold routed tiles, and beside the register-dequant
     # kernels from 2 tokens on: run beside the shared GEMMs, its one program slowed from 2.7 to 5.7-13 us
     # at M = 8 on the routed chain, the critical one there (H200 block, group first: 111.0 / 148.7 /
-    # 202.9 us against 113.7 / 153.2 / 205.6 at M = 2 / 4 / 8; decode_tuning_group_first.md). A single
+    # 202.9 us against 113.7 / 153.2 / 205.6 at M = 2 / 4 / 8; docs/design/decode-schedule.md). A single
     # token's shared chain is the critical one: its grouping goes after the side stream's fork.
     forced = env_switch(GROUP_FIRST_ENV, "group first", "after the fork")
     group_first = not regs or (forced if forced is not None else topk_ids.shape[0] > GROUP_AFTER_FORK_MAX_TOKENS)
@@ -496,7 +495,7 @@ def run_experts(
     if regs:
         # PDL (ops/pdl.py): L2 follows L1 directly unless the shared GEMMs run in line between them.
         # PDL only for a single token's chain (a few programs): from M = 8 on, L2's waiting programs hold SM slots
-        # that L1's many blocks need (H200: +9 us at M = 8, -1 to -2 us at M = 1; decode_tuning.md).
+        # that L1's many blocks need (H200: +9 us at M = 8, -1 to -2 us at M = 1; docs/design/decode-schedule.md).
         pdl = use_pdl("routed", dev) and not in_line_library and num_pairs <= SPLIT_K_MAX_PAIRS
         if grouping is None:
             grouping = group_by_expert(topk_ids, num_experts, bm)

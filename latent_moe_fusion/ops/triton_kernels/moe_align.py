@@ -143,8 +143,8 @@ def _owner_chunk(nb_max: int) -> int:
 SPREAD_MIN_PAIRS = 8192  # from here the grouping runs over many programs (M >= 512 at top-16)
 SPREAD_CHUNK = 1024  # pairs per program of the spread kernels
 # The one-program kernel is a chain of dependent steps (histogram, prefix sum, fills, atomics): more warps and
-# longer chunks shorten each. H200, Kimi K3 rank (112 local experts, top-16), CUDA graph (bench/align_launch.py ->
-# align_launch.md, 16-row blocks): 16 warps and chunks of 512-2048 pairs, the fastest of 4 / 8 / 16 warps by 512 /
+# longer chunks shorten each. H200, Kimi K3 rank (112 local experts, top-16), CUDA graph (docs/design/routed-decode.md,
+# 16-row blocks): 16 warps and chunks of 512-2048 pairs, the fastest of 4 / 8 / 16 warps by 512 /
 # 1024 / 2048 pairs at every size measured, against 4 warps and the pairs' power of two up to 1024: 5.3 -> 4.9 us
 # at M = 8, 6.8 -> 5.9 at 32, 10.5 -> 8.3 at 128, 17.4 -> 12.5 at 256 and 30.0 -> 21.0 at 511.
 ALIGN_WARPS = 16

@@ -1,6 +1,6 @@
 """Tile configurations of the expert GEMMs, chosen from host-side sizes only (so every rank and
-every CUDA-graph replay uses the same kernels). Numbers come from the H200 sweeps recorded in
-bench/results/producer_notes.md.
+every CUDA-graph replay uses the same kernels). Numbers come from H200 measurements; the reasons are in
+docs/design/producer.md, routed-decode.md and prefill.md.
 """
 
 from __future__ import annotations
@@ -120,13 +120,13 @@ def decode_block_m(num_pairs: int, num_experts: int) -> int:
 
 
 # K slices (L1, L2) for a single decode token: it reaches ~2 of a rank's experts, too few programs to
-# fill the GPU. H200 (producer_split_k.md, M = 1): 88 -> 69 us with one token per row, unchanged
+# fill the GPU. H200 (docs/design/producer.md, M = 1): 88 -> 69 us with one token per row, unchanged
 # (205 us) with 8 tokens' experts per row; from M = 8 on splitting only adds partial traffic.
 SPLIT_K_MAX_PAIRS = 16
 DECODE_SPLIT_K = (2, 2)
 
 REGS_SPLIT_ENV = "LMF_REGS_SPLIT"  # "L1,L2": tuning override of the register-dequant kernels' K slices
-# H200, M = 1 (bench/results/regs_split.md 18:57, regs_split_chunked_combine.md 19:16): L1 in 4 slices
+# H200, M = 1 (docs/design/routed-decode.md; two runs, the second with the column-chunked combine): L1 in 4 slices
 # and L2 in 2. One token per row (a rank's EP share): routed op 47.1 -> 41.8 and 46.2 -> 40.8 us,
 # producer 57.7 -> 57.2 and 56.9 -> 55.1 (its shared expert on the side stream takes the SMs the extra
 # programs would use). 8 tokens' experts per row: within +-3 % (145.4 -> 142.4, 141.2 -> 144.9). L2 in
@@ -150,16 +150,16 @@ def regs_decode_split(num_pairs: int) -> tuple[int, int]:
 
 
 SHARED_TILES_ENV = "LMF_PRODUCER_DECODE_SHARED_TILES"  # "BNxBK": tuning override, e.g. "16x128"
-DECODE_SHARED_TILES = (32, 64)  # (rows, K) of the MXFP4 decode shared gate/up programs: H200 sweep, bench/results/producer_shared_tiles.md
+DECODE_SHARED_TILES = (32, 64)  # (rows, K) of the MXFP4 decode shared gate/up programs: H200 sweep, docs/design/producer.md
 
 
 # Beside the register-dequant kernels, a single token's shared expert runs alone in the Triton grids on
 # the side stream, and that chain is the producer's critical path at M = 1. H200, whole block in CUDA
-# graphs (bench/results/decode_tuning.md): gate/up tiles 32 x 128 in 4 K slices (was 32 x 64 in 2).
+# graphs (docs/design/decode-schedule.md): gate/up tiles 32 x 128 in 4 K slices (was 32 x 64 in 2).
 REGS_SINGLE_TOKEN_SHARED_TILES = (32, 128)
 REGS_SINGLE_TOKEN_SHARED_SPLIT = 4
 # Two tokens beside the routed GEMV: 8 slices (H200 block at M = 2: 112.6 us against 115.1 with 4 and 120.7
-# unsplit; bench/results/decode_tuning_routed_gemv_m24.md). Four tokens keep 4 (130.7 us at M = 4 with 4 slices;
+# unsplit; docs/design/decode-schedule.md). Four tokens keep 4 (130.7 us at M = 4 with 4 slices;
 # 141.4 with 8 on another machine, not compared in one process).
 FEW_TOKENS_SHARED_SPLIT = 8
 FEW_TOKENS_SPLIT_MAX_PAIRS = 32
@@ -185,7 +185,7 @@ SHARED_L2_ROWS_ENV = "LMF_PRODUCER_SHARED_L2_ROWS"  # tuning override: weight ro
 SHARED_L2_K_ENV = "LMF_PRODUCER_SHARED_L2_K"  # tuning override: K tile of the shared down programs
 # Beside the regs kernels the Triton L2 grid holds only BF16 shared tiles, so the shallow K tile that sized
 # shared memory for the routed MXFP4 tiles need not hold. A single token's block: 94.0 / 94.3 / 95.1 us with
-# K tiles 64 / 128 / 32 (H200, bench/results/decode_tuning_shared_l2.md); larger M keeps 32 (not measured).
+# K tiles 64 / 128 / 32 (H200, docs/design/decode-schedule.md); larger M keeps 32 (not measured).
 REGS_SINGLE_TOKEN_SHARED_L2_K = 64
 
 
@@ -207,7 +207,7 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
         # Few, wide programs: the interpreter's cost is per program and per nested jit call.
         return ProducerConfig(16, GemmTiles(64, 128, 4, 1), GemmTiles(64, 128, 4, 1), DEQUANT_TRITON)
     # Table-lookup dequant: 3-6 % faster than the bias-multiply PTX at every M on the H200
-    # (bench/results/producer_weight_loads.md).
+    # (docs/design/producer.md).
     sm90 = _has_sm90()
     dequant = DEQUANT_LUT if sm90 else DEQUANT_TRITON
     if dtype == torch.float32:
@@ -224,10 +224,10 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
             # several CTAs per SM hide its latency. BM = 16: routed weight tiles by TMA, L1 K tiles of
             # 128 in 4 stages without a register cap (H200, M = 32: 1146 us; 1179 with 256 x 3 stages,
             # 1191 with a 128-register cap, 1233 with pointer loads and the bias-multiply dequant;
-            # producer_weight_loads.md, producer_notes.md run 5). BM = 32: pointer loads (1457 vs
-            # 1505 us by TMA at M = 128) and no cap (1691 vs 1569 us with it, run 2).
+            # docs/design/producer.md). BM = 32: pointer loads (1457 vs 1505 us by TMA at M = 128) and no
+            # cap (1691 vs 1569 us with it).
             # On sm_90 the routed tiles go to the register-dequant kernels (1.3-1.75x faster than these
-            # Triton tiles at M = 8 .. 128, producer_notes.md run 6); the tiles below then shape the
+            # Triton tiles at M = 8 .. 128, docs/design/routed-dequantisation.md); the tiles below then shape the
             # shared expert's programs, and the routed ones wherever the Gluon kernels cannot take a call.
             regs = regs_bm > 0
             gemv = regs and routed_gemv_picked(num_pairs)
@@ -238,7 +238,7 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
             if regs:
                 # The Triton grids then hold only the shared expert's programs (when it runs there, see
                 # expert_schedule.shared_strategy). Its K is split for a single token only; more slices
-                # (2, 4, 8 from M = 8 on) were slower on the H200 (producer_notes.md, run 6).
+                # (2, 4, 8 from M = 8 on) were slower on the H200 (docs/design/decode-schedule.md).
                 split = FEW_TOKENS_SHARED_SPLIT if SPLIT_K_MAX_PAIRS < num_pairs <= FEW_TOKENS_SPLIT_MAX_PAIRS else \
                     REGS_SINGLE_TOKEN_SHARED_SPLIT
                 split = _env_power_of_two(SHARED_SPLIT_ENV, split, 1) if single else 1
@@ -247,9 +247,9 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
                 regs_split = regs_decode_split(num_pairs)
                 # FP8 (ROUTED_FP8_ENV) where few rows per hit expert are expected (16-row blocks): 8-row blocks then
                 # hold most experts' rows. Where the grouping takes 32 rows (M = 128 in the Kimi K3 block) the FP8 L1
-                # gained 11 us and L2 lost 12 in 8-row blocks (block_kernels_fp8_on.md against _off.md), and the FP8
-                # L1 in 8-row parts of the 32-row blocks gained nothing (block_kernels_fp8_parts_m128.md, commit
-                # 8c1fbfb): not taken there, nor where LMF_PREFILL_REGS forces 16-row blocks.
+                # gained 11 us and L2 lost 12 in 8-row blocks, and the FP8 L1 in 8-row parts of the 32-row blocks
+                # gained nothing (docs/design/routed-dequantisation.md): not taken there, nor where LMF_PREFILL_REGS
+                # forces 16-row blocks.
                 few_rows = decode_bm == bm == 16
                 fp8 = routed_fp8_layers() if not gemv and regs_split == (1, 1) and few_rows else (False, False)
                 return ProducerConfig(FP8_BLOCK_M if any(fp8) else bm,
@@ -277,17 +277,17 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
 
 # Beyond the decode blocks of 16 / 32 rows the register-dequant kernels run 64-row blocks: each block dequantises its
 # expert's weights once for up to 64 rows (a block with at most 32 or 16 rows runs the narrower MMA). H200, Kimi K3
-# rank (112 local experts, top-16), routed op alone (bench/results/prefill_regs_run1.md, session 22), regs 64 / Triton
+# rank (112 local experts, top-16), routed op alone (before the staged kernels; docs/design/prefill.md), regs 64 / Triton
 # tiles speed by mean rows per hit expert: EP8 share 2.13x at 30 rows (M = 1024), 1.47x at 107 (M = 4096), 1.27x at
 # 207 (M = 8192), 1.17x at 396 (M = 16384), 1.10x at 781 (M = 32768); every id local 1.53x at 146 rows (M = 1024),
 # 1.15x at 585 (M = 4096), 1.10x at 1170 (M = 8192), 1.03x at 2341 (M = 16384), 0.99x at 4681 (M = 32768). Against
-# 32-row blocks 1.07-1.31x from 60 rows on (L1 + L2 alone 1.09-1.27x: regs_block_rows.md). Where blocks hold few
+# 32-row blocks 1.07-1.31x from 60 rows on (L1 + L2 alone 1.09-1.27x: docs/design/prefill.md). Where blocks hold few
 # rows the 32-row kernels win: 64-row blocks' L1 takes 252 registers (2 CTAs per SM) against 155 (3), and an EP
 # share of M = 192 / 256 / 512 (7-16 rows) ran 442 / 539 / 764 us against 413 / 499 / 638. Hence 32-row blocks while
 # even the all-local count stays within PREFILL_REGS_FEW_ROWS per expert (M <= 896 at 112 experts; the all-local
 # M = 512, 73 rows, is 8 % slower so), 64-row blocks beyond.
 # Without a host sync the op cannot see how many of its pairs are local: an EP share has ~1/8 of them, tokens
-# dispatched to this rank all of them, so every bound below counts pairs as if all were local. Until session 23 the
+# dispatched to this rank all of them, so every bound below counts pairs as if all were local. Before the staged kernels the
 # host took the regs kernels outright while that count stayed within PREFILL_REGS_MAX_ROWS per expert (M <= 28672 at
 # 112 experts; the tiles' margin was gone at 4681 rows) and beyond it let the GPU pick (PREFILL_CHOICE_MAX_ROWS below):
 # now LMF_PREFILL_REGS=choice.
@@ -295,7 +295,7 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
 # dequantises its weights once into shared memory for 128 rows, asynchronous wgmma) take over, at any size. H200, Kimi
 # K3 rank, routed op: staged against 64-row blocks 0.83x at 30 rows per hit expert (EP share of M = 1024), 0.98x at 57
 # (2048), 1.13x at 108 (4096), 1.24x at 210, 1.30x at 392; every id local 1.11x at 146 rows (M = 1024), 1.35x at 585
-# (M = 4096) (bench/results/prefill_blocks.md); against the Triton tiles 1.48x on an EP share of M = 32768 (769 rows)
+# (M = 4096) (docs/design/prefill.md); against the Triton tiles 1.48x on an EP share of M = 32768 (769 rows)
 # and 1.32x with every id local (4681 rows), where the GPU's choice between 64-row blocks and the tiles had run
 # 1.09x / 1.00x (prefill_regs.md). The host sees only the all-local count: at 512 of it (M = 3584 at 112 experts, 1/8
 # of it local on an EP share) every routing measured is past the crossover.
@@ -351,16 +351,16 @@ def routed_gemv_picked(num_pairs: int) -> bool:
     return forced if forced is not None else num_pairs <= ROUTED_GEMV_MAX_PAIRS
 
 
-# Decode (ProducerConfig.routed_fp8): "1" the L1 on FP8 MMAs (the default since session 28); "l1,l2" L2 too; "0" neither.
-# H200, the Kimi K3 block compiled with the pass in CUDA graphs, alternating rounds (decode_tuning_routed_fp8.md): the
+# Decode (ProducerConfig.routed_fp8): "1" the L1 on FP8 MMAs (the default); "l1,l2" L2 too; "0" neither.
+# H200, the Kimi K3 block compiled with the pass in CUDA graphs, alternating rounds (bench/results/decode_tuning_routed_fp8.md): the
 # FP8 L1 1.033 / 1.037 / 1.047 / 1.038x the bf16 kernels at M = 8 / 16 / 32 / 64 (the sizes whose grouping would take
 # 16 rows), the block's output 2.4e-3 from the bf16 path's (as far as from eager: bf16 rounding). The FP8 L2 is
-# 1.01-1.05x the bf16 one in the same 8-row blocks (routed_fp8_layers.md), less than its activations' split costs:
+# 1.01-1.05x the bf16 one in the same 8-row blocks (bench/results/routed_fp8_layers.md), less than its activations' split costs:
 # opt-in. Unset, a call the FP8 kernels cannot take runs the bf16 ones (expert_schedule.fp8_fallback); set, it raises.
 ROUTED_FP8_ENV = "LMF_ROUTED_FP8"
 ROUTED_FP8_CHOICES = {"0": (False, False), "1": (True, False), "l1,l2": (True, True)}
 ROUTED_FP8_DEFAULT = "1"
-FP8_BLOCK_M = 8  # rows per block on that path: most of a decode batch's hit experts hold a few rows (routed_fp8.md)
+FP8_BLOCK_M = 8  # rows per block on that path: most of a decode batch's hit experts hold a few rows (bench/results/routed_fp8.md)
 
 
 def routed_fp8_forced() -> bool:

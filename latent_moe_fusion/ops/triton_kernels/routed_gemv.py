@@ -178,8 +178,7 @@ class RoutedGemvConfig:
 # H200, Kimi K3 rank (L = 3584, I = 3072), whole block in CUDA graphs: 2 rows per item, registers capped at 80
 # (all of a token's 3072 L1 programs fit one wave: 96 registers left 1.16 waves) against the earlier 2x2 for one
 # token and 4x4 for two to four: 84.8 / 89.1 / 130.7 us at M = 1 / 2 / 4 against 84.9 / 89.5 / 134.6 (two runs:
-# bench/results/decode_tuning_routed_gemv_regcap.md, decode_tuning_routed_gemv_regcap_run2.md). Before:
-# decode_tuning_routed_gemv_m1.md, _m124.md; the routed op alone: routed_gemv.md, routed_gemv_regcap.md.
+# docs/design/routed-decode.md); the routed op alone: bench/results/routed_gemv.md.
 ROUTED_GEMV_CONFIG = RoutedGemvConfig(l1_rows=2, l2_rows=2, words=64, num_warps=1, pair_programs=2, max_registers=80)
 ROUTED_GEMV_ENV = "LMF_ROUTED_GEMV"  # "0" off, "1" on for any decode size, or L1ROWSxL2ROWSxWORDS[wW][pP][b][f][rR]
 ROUTED_GEMV_MAX_PAIRS = 64  # (token, slot) pairs up to which pick_config takes this path: four top-16 tokens

@@ -117,7 +117,7 @@ def _tma_ok(a: torch.Tensor, w: torch.Tensor) -> bool:
 
 PREFETCH_ENV = "LMF_TAIL_PREFETCH"  # override of TAIL_PREFETCH_STEPS (benchmarks)
 TAIL_PREFETCH_STEPS = 2  # K steps of each weight row sent to L2 before a dependent decode tail waits (H200, M = 1:
-# 2 steps best of 0 / 2 / 4 / 7 / 14, whole slices slowest; bench/results/pdl.md, decode_tuning.md)
+# 2 steps best of 0 / 2 / 4 / 7 / 14, whole slices slowest; docs/design/decode-schedule.md)
 
 
 def _prefetch_steps(w: torch.Tensor, k: int, block_k: int) -> int:

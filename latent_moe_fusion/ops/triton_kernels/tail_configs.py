@@ -2,7 +2,7 @@
 
 The table is fixed ahead (no autotuning at call time, so nothing compiles or times inside a CUDA
 graph capture); `pick_config` only adjusts split-K upward when N is narrow (hidden_scatter slices)
-so that the grid still covers the SMs. bench/results/tail_notes.md records how the entries were chosen.
+so that the grid still covers the SMs. docs/design/tail.md says how the entries were chosen.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ class TailConfig:
 
 
 # One or two tokens: the CUDA-core GEMV (tail_gemv.py), 4 weight rows per one-warp program, K steps of 512
-# at M = 1, 1024 columns loaded before a PDL wait. H200, K = 3584, N = 7168, R = 8 (tail_gemv.md): 15.4 /
+# at M = 1, 1024 columns loaded before a PDL wait. H200, K = 3584, N = 7168, R = 8 (bench/results/tail_gemv.md): 15.4 /
 # 17.9 us at M = 1 / 2 against 18.0 / 18.6 for the swap-AB kernel; 8 to 32 rows per program and K steps
-# pipelined through shared memory were slower; from M = 4 on the swap-AB kernel wins (tail_gemv_run1.md).
+# pipelined through shared memory were slower; from M = 4 on the swap-AB kernel wins (docs/design/tail.md).
 GEMV_MAX_M = 2
 GEMV_CONFIG = TailConfig("gemv", GEMV_MAX_M, 4, 512, num_warps=1, num_stages=1, preload_k=1024)
 # What serves M <= 2 with LMF_TAIL_GEMV=off (and served it before the GEMV).

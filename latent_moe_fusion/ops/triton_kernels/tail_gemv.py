@@ -2,10 +2,10 @@
 
 At M <= 2 the tail is a weight stream (W is 51 MB at Kimi K3's sizes, A a few KB). The swap-AB MMA
 kernel pads M to 16 and covers 132 SMs with 224 programs of 64 rows; ncu saw it keep DRAM at 66 % with
-the SMs active 62.5 % of the time (bench/results/tail_ncu_m1.txt). Here a program owns BLOCK_N weight
+the SMs active 62.5 % of the time (docs/design/tail.md). Here a program owns BLOCK_N weight
 rows (tail_configs.GEMV_CONFIG: 1792 one-warp programs of 4 rows, all resident at once) and multiplies
 them with the tokens on the CUDA cores: M FMAs per weight element are free beside its 2 bytes of HBM
-traffic. Fewer, wider programs were slower (bench/results/tail_gemv_run1.md, tail_gemv.md).
+traffic. Fewer, wider programs were slower (bench/results/tail_gemv.md, docs/design/tail.md).
 
 Each thread keeps FP32 products of its own (row, token, k) positions across the K loop (no cross-thread
 traffic in the loop) and the lanes are reduced once at the end; the first PRELOAD_K columns of every row
@@ -17,7 +17,7 @@ PDL: the weights do not depend on the kernels before, so the first PRELOAD_K col
 rows are loaded into registers before `griddepcontrol.wait`. As a programmatic dependent of the
 producer's combine (~4 us at M = 1, HBM idle meanwhile) the tail thus streams part of W before its
 inputs exist. Without PDL the same code runs without the wait (identical results); the wide first load
-still pays: 15.3 us at M = 1 with 1024 columns preloaded against 17.9 without (H200, tail_gemv.md).
+still pays: 15.3 us at M = 1 with 1024 columns preloaded against 17.9 without (H200, bench/results/tail_gemv.md).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ before tl.dot. Five variants exist (chosen by DEQUANT):
                       2 more to interleave, and no bias multiply (~2.6 ALU ops per element vs
                       ~4.4 for ASM_PAIRS, before ptxas fuses logic ops). The sm_90 default:
                       3-6 % faster than ASM_PAIRS on the H200 (the loop is latency-bound,
-                      bench/results/producer_notes.md, run 5).
+                      docs/design/producer.md).
 All of them give the exact value e2m1 * 2^(s - 127). The only corner they round differently from the
 reference: E8M0 byte 0 (2^-127) is taken as 0 by the ASM path and may flush in the others.
 """
