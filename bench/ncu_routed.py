@@ -14,7 +14,6 @@ timed ones (routed_gemv.md); the ratios are what this table is for.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -23,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-# mode: "default" / a GEMV setting (LMF_ROUTED_GEMV), or "mma" (the register-dequant kernels) with an optional
-# weight ring after a colon (LMF_MXFP4_RING; none: the default rings)
+# mode: "default" / a GEMV setting (the routed_gemv tuning override), or "mma" (the register-dequant kernels) with an
+# optional weight ring after a colon (the mxfp4_ring override; none: the default rings)
 CASES = (("1", "default"), ("1", "2x2x64w1p2r72"), ("4", "4x4x64w1p2"), ("8", "mma:loads"), ("8", "mma"),
          ("32", "mma:loads"), ("32", "mma"))
 KERNELS = "routed_gemv_l1|l1_regs_kernel|l2_regs_kernel"
@@ -66,6 +65,7 @@ def drive(m: int, mode: str) -> None:
 
     from bench.producer import DT, LOCAL_EXPERTS, TOP_K, Case, make_rms_weight, make_shared_weights, make_weights
     from bench.producer_shared_tiles import one_token_sets
+    from latent_moe_fusion import tuning
     from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config
 
     gen = torch.Generator().manual_seed(29)
@@ -73,17 +73,15 @@ def drive(m: int, mode: str) -> None:
                 one_token_sets(m, 2, gen))
     mode, _, ring = mode.partition(":")
     cfg = replace(pick_config(m * TOP_K, "mxfp4", DT, LOCAL_EXPERTS), routed_gemv=mode != "mma")
-    if mode != "default":
-        os.environ["LMF_ROUTED_GEMV"] = "0" if mode == "mma" else mode
-    if ring:
-        os.environ["LMF_MXFP4_RING"] = ring
-    for i in range(3):
-        case.routed_only(i % 2, cfg)
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    case.routed_only(1, cfg)
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    knobs = {"routed_gemv": False if mode == "mma" else None if mode == "default" else mode, "mxfp4_ring": ring or None}
+    with tuning.overrides(**knobs):
+        for i in range(3):
+            case.routed_only(i % 2, cfg)
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        case.routed_only(1, cfg)
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
 
 
 def parse(text: str) -> list[dict]:

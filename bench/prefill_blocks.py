@@ -22,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.block import kimi_rank_block  # noqa: E402
 from bench.common import (  # noqa: E402
-    env_applied,
     environment,
     measure_ceilings,
     rel_l2,
@@ -30,14 +29,14 @@ from bench.common import (  # noqa: E402
     write_results,
 )
 from bench.prefill_regs import routing  # noqa: E402
+from latent_moe_fusion import tuning  # noqa: E402
 from latent_moe_fusion.ops import gluon_kernels as gk  # noqa: E402
 from latent_moe_fusion.ops.gluon_kernels import launch_routed_l1, launch_routed_l2  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_ENV  # noqa: E402
 
 CASES = [("ep_share", m) for m in (1024, 2048, 4096, 8192, 16384)] + [("all_local", m) for m in (1024, 4096)]
-VARIANTS = {"regs 64": 64, "staged 128": 128}  # name: rows per block (LMF_PREFILL_REGS)
+VARIANTS = {"regs 64": 64, "staged 128": 128}  # name: rows per block (the prefill_regs tuning override)
 
 
 def main() -> None:
@@ -67,7 +66,7 @@ def main() -> None:
         ops, l1s, l2s = {}, {}, {}
         for name, bm in variants.items():
             def op(bm: int = bm) -> torch.Tensor:
-                with env_applied({PREFILL_REGS_ENV: str(bm)}):
+                with tuning.overrides(prefill_regs=bm):
                     return run_experts(*routed, rms_weight=block.norm_weight, eps=cfg.rms_norm_eps)
             grouping = group_by_expert(ids, experts, bm)
             act = torch.full((grouping.nb_max * bm, inter), float("nan"), dtype=torch.bfloat16, device="cuda")

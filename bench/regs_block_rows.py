@@ -30,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.block import kimi_rank_block  # noqa: E402
 from bench.common import (  # noqa: E402
-    env_applied,
     environment,
     markdown_table,
     measure_ceilings,
@@ -38,35 +37,31 @@ from bench.common import (  # noqa: E402
     write_results,
 )
 from bench.prefill_regs import routing  # noqa: E402
-from latent_moe_fusion.ops.gluon_kernels import (  # noqa: E402
-    LOAD_ORDER_ENV,
-    MAXNREG_ENV,
-    launch_routed_l1,
-    launch_routed_l2,
-)
+from latent_moe_fusion import tuning  # noqa: E402
+from latent_moe_fusion.ops.gluon_kernels import launch_routed_l1, launch_routed_l2  # noqa: E402
 from latent_moe_fusion.ops.gluon_kernels.routed_gemm import l1_regs_kernel, l2_regs_kernel  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert  # noqa: E402
 
-# name: (L1 block rows, L2 block rows, L1 ring, L2 ring, environment); None rings and no environment: the library's
+# name: (L1 block rows, L2 block rows, L1 ring, L2 ring, tuning overrides); None rings and no overrides: the library's
 # choice for those rows. L2 blocks of twice L1's rows take L1's blocks as halves of the same rows.
 VARIANTS = {
     "32 rows": (32, 32, None, None, {}),
-    "64 rows, L2 cp4 capped at 80": (64, 64, None, "cp4", {MAXNREG_ENV: "auto,80"}),
-    "64 rows, L2 cp4 capped at 128": (64, 64, None, "cp4", {MAXNREG_ENV: "auto,128"}),
-    "64 rows, L2 cp4 uncapped": (64, 64, None, "cp4", {MAXNREG_ENV: "auto,none"}),
+    "64 rows, L2 cp4 capped at 80": (64, 64, None, "cp4", {"mxfp4_maxnreg": "auto,80"}),
+    "64 rows, L2 cp4 capped at 128": (64, 64, None, "cp4", {"mxfp4_maxnreg": "auto,128"}),
+    "64 rows, L2 cp4 uncapped": (64, 64, None, "cp4", {"mxfp4_maxnreg": "auto,none"}),
     "64 rows": (64, 64, None, None, {}),
-    "64 rows, L1 cp4 capped at 128": (64, 64, "cp4", None, {MAXNREG_ENV: "128,auto"}),
+    "64 rows, L1 cp4 capped at 128": (64, 64, "cp4", None, {"mxfp4_maxnreg": "128,auto"}),
 }
 CASES = [("ep_share", m) for m in (1024, 2048, 4096, 8192, 16384)] + [("all_local", m) for m in (1024, 2048, 4096)]
-# --probes: around the 64-row default, none taken by the library (an environment setting applies to both kernels of
+# --probes: around the 64-row default, none taken by the library (a tuning override applies to both kernels of
 # its variant: L2 with the "early" order is slower, so L1's time is the figure there)
 PROBE_VARIANTS = {
     "64/64": (64, 64, None, None, {}),
-    "64/128 l2 tma none": (64, 128, None, "tma", {MAXNREG_ENV: "auto,none"}),
-    "64/128 l2 cp4 none": (64, 128, None, "cp4", {MAXNREG_ENV: "auto,none"}),
-    "64/64 l1 early": (64, 64, None, None, {LOAD_ORDER_ENV: "early"}),
-    "64/64 l1 cp4 none": (64, 64, "cp4", None, {MAXNREG_ENV: "none,auto"}),
-    "64/64 l1 loads none": (64, 64, "loads", None, {MAXNREG_ENV: "none,auto"}),
+    "64/128 l2 tma none": (64, 128, None, "tma", {"mxfp4_maxnreg": "auto,none"}),
+    "64/128 l2 cp4 none": (64, 128, None, "cp4", {"mxfp4_maxnreg": "auto,none"}),
+    "64/64 l1 early": (64, 64, None, None, {"mxfp4_load_order": "early"}),
+    "64/64 l1 cp4 none": (64, 64, "cp4", None, {"mxfp4_maxnreg": "none,auto"}),
+    "64/64 l1 loads none": (64, 64, "loads", None, {"mxfp4_maxnreg": "none,auto"}),
 }
 PROBE_CASES = [("ep_share", 4096), ("ep_share", 16384), ("all_local", 4096)]
 
@@ -126,7 +121,7 @@ def main() -> None:
         floor_us = 2 * 3 * inter * latent * valid / ceilings["bf16_flop_per_s"] * 1e6
         groupings = {bm: group_by_expert(ids, experts, bm) for bm in {v[1] for v in variants.values()}}
         first = None
-        for name, (l1_rows, l2_rows, ring1, ring2, env) in variants.items():
+        for name, (l1_rows, l2_rows, ring1, ring2, knobs) in variants.items():
             g = groupings[l2_rows]
             halves = l2_rows // l1_rows  # L1's blocks per L2 block, over the same rows
             l1_experts = g.block_expert.repeat_interleave(halves).contiguous() if halves > 1 else g.block_expert
@@ -141,7 +136,7 @@ def main() -> None:
                 launch_routed_l2(act, block.w2, block.w2_scale, g.sorted_pairs, g.block_expert, pairs, g.nb_max,
                                  l2_rows, ring=ring2)
 
-            with env_applied(env):
+            with tuning.overrides(**knobs):
                 l1()
                 l2()
                 out = pairs[local].clone()

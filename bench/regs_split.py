@@ -39,7 +39,7 @@ def main() -> None:
     rows = []
     for dc in decode_cases(args.m, 29, bw):
         case = dc.case
-        assert dc.picked.routed_regs, "needs the register-dequant path (sm_90, LMF_MXFP4_REGS unset)"
+        assert dc.picked.routed_regs, "needs the register-dequant path (sm_90, mxfp4_regs override not False)"
         for split in splits:
             cfg = replace(dc.picked, regs_split=split)
             row = {"routing": dc.routing, "M": dc.m, "split": f"{split[0]}x{split[1]}", "experts_hit": dc.hit,

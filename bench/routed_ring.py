@@ -24,10 +24,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import env_applied, environment, measure_ceilings, rel_l2, time_graph_ms, write_results  # noqa: E402
+from bench.common import environment, measure_ceilings, rel_l2, time_graph_ms, write_results  # noqa: E402
 from bench.producer import GLOBAL_EXPERTS, INTER, LATENT, LOCAL_EXPERTS, TOP_K  # noqa: E402
 from bench.routed_regs import decode_cases, routed_kernel_us  # noqa: E402
-from latent_moe_fusion.ops.gluon_kernels import LOAD_ORDER_ENV, LOAD_ORDERS, MAXNREG_ENV, RING_ENV  # noqa: E402
+from latent_moe_fusion import tuning  # noqa: E402
+from latent_moe_fusion.ops.gluon_kernels import (  # noqa: E402
+    LOAD_ORDER_OVERRIDE,
+    LOAD_ORDERS,
+    MAXNREG_OVERRIDE,
+    RING_OVERRIDE,
+)
 
 
 def main() -> None:
@@ -35,13 +41,13 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--m", type=int, nargs="+", default=[8, 32, 128])
     ap.add_argument("--rings", nargs="+", default=["loads", "cp2", "cp4", "tma", "tma,cp4"],
-                    help=f"{RING_ENV} values (L1 and L2 alike, or L1,L2); the first is the bitwise reference")
+                    help=f"{RING_OVERRIDE} tuning override values (L1 and L2 alike, or L1,L2); the first is the bitwise reference")
     ap.add_argument("--split", nargs="+", default=["1,1"], help="K slices of L1,L2 (ProducerConfig.regs_split), "
                     "each with every ring")
     ap.add_argument("--orders", nargs="+", default=["auto"], choices=LOAD_ORDERS,
-                    help=f"{LOAD_ORDER_ENV} values (the TMA ring's load order), each with every ring")
+                    help=f"{LOAD_ORDER_OVERRIDE} tuning override values (the TMA ring's load order), each with every ring")
     ap.add_argument("--maxnreg", nargs="+", default=["auto"],
-                    help=f"{MAXNREG_ENV} values (L1,L2 register caps), each with every ring")
+                    help=f"{MAXNREG_OVERRIDE} tuning override values (L1,L2 register caps), each with every ring")
     ap.add_argument("--rounds", type=int, default=1, help="alternating rounds over the variants; medians reported")
     ap.add_argument("--name", default="routed_ring")
     args = ap.parse_args()
@@ -58,7 +64,7 @@ def main() -> None:
             for split_arg, ring, order, cap in variants:
                 split = tuple(int(v) for v in split_arg.split(","))
                 case, cfg = dc.case, replace(dc.picked, routed_regs=True, routed_gemv=False, regs_split=split)
-                with env_applied({RING_ENV: ring, LOAD_ORDER_ENV: order, MAXNREG_ENV: cap}):
+                with tuning.overrides(mxfp4_ring=ring, mxfp4_load_order=order, mxfp4_maxnreg=cap):
                     out = case.routed_only(0, cfg)
                     torch.cuda.synchronize()
                     outs[split_arg, ring, order, cap] = out.clone()
@@ -87,7 +93,7 @@ def main() -> None:
     write_results(args.name, rows, cols, meta, args.out,
                   notes="ring: how L1 (and L2, or L1,L2) bring their weight words (gluon_kernels.WEIGHT_RINGS: "
                         "loads = 16-byte loads one k step ahead; cp2 / cp4 = cp.async ring of 2 / 4 shared-memory "
-                        "stages; tma = TMA ring of 4 stages). split: K slices of L1,L2. order: the TMA ring's load order (gluon_kernels.LOAD_ORDERS: when a step issues the next step's scales and activation tile; auto: late for 32-row MMAs, early for 16-row ones). maxnreg: the L1,L2 register caps (gluon_kernels.MAXNREG_ENV; auto: max_registers). Times: medians over the alternating rounds. routed_us: the routed op (grouping, L1, L2, combine), CUDA-graph replay "
+                        "stages; tma = TMA ring of 4 stages). split: K slices of L1,L2. order: the TMA ring's load order (gluon_kernels.LOAD_ORDERS: when a step issues the next step's scales and activation tile; auto: late for 32-row MMAs, early for 16-row ones). maxnreg: the L1,L2 register caps (the mxfp4_maxnreg tuning override; auto: max_registers). Times: medians over the alternating rounds. routed_us: the routed op (grouping, L1, L2, combine), CUDA-graph replay "
                         "over 4 rotating input sets. l1_us / l2_us: profiler kernel time. Floors: MXFP4 codes + "
                         "scales of the experts hit over the measured copy bandwidth. bitwise_first: output equal "
                         "to the first variant's bit for bit (every ring and order, same split). err: rel. L2 vs routed_experts_math (FP32).")

@@ -71,21 +71,22 @@ BENCHMARKS = (
     # the block with the bf16 routed kernels and with FP8 L1 and L2 against the default (the FP8 L1), in alternating rounds
     ("decode_tuning.py", ("--m", "8", "16", "32", "64", "128", "--knobs", "LMF_ROUTED_FP8", "--rounds", "5", "--name",
                           "decode_tuning_routed_fp8"), None),
-    ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "128", "--knobs", "LMF_SHARED_FIRST", "--rounds",
+    ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "128", "--knobs", "shared_first_schedule", "--rounds",
                           "5", "--name", "decode_tuning_shared_first"), None),  # lmf::route_and_produce's schedule
-    ("decode_tuning.py", ("--m", "8", "32", "128", "--knobs", "LMF_SHARED_FIRST_ORDER", "--rounds", "5", "--name",
+    ("decode_tuning.py", ("--m", "8", "32", "128", "--knobs", "shared_first_order", "--rounds", "5", "--name",
                           "decode_tuning_shared_first_order"), None),  # its branches' launch order
-    ("decode_tuning.py", ("--m", "8", "32", "64", "--knobs", "LMF_PDL", "--values", "LMF_PDL=none,routed", "--rounds",
+    ("decode_tuning.py", ("--m", "8", "32", "64", "--knobs", "pdl_sites", "--values", "pdl_sites=none,routed", "--rounds",
                           "5", "--name", "decode_tuning_cute_tail_pdl"), None),  # the CuTe tail's dependent launch
     # lmf::route_and_produce's urgent streams and launch order against session 17's defaults
-    ("decode_tuning.py", ("--m", "8", "16", "32", "64", "128", "--knobs", "LMF_SHARED_FIRST_URGENT",
-                          "LMF_SHARED_FIRST_ORDER", "--rounds", "5", "--name", "decode_tuning_shared_first_urgent",
-                          "--combo", "LMF_SHARED_FIRST_URGENT=none;LMF_SHARED_FIRST_ORDER=router,down,shared",
-                          "LMF_SHARED_FIRST_URGENT=none;LMF_SHARED_FIRST_ORDER=shared,router,down"), None),
+    ("decode_tuning.py", ("--m", "8", "16", "32", "64", "128", "--knobs", "shared_first_urgent",
+                          "shared_first_order", "--rounds", "5", "--name", "decode_tuning_shared_first_urgent",
+                          "--combo", "shared_first_urgent=none;shared_first_order=router,down,shared",
+                          "shared_first_urgent=none;shared_first_order=shared,router,down"), None),
     # the down-projection's kernel in the block: cuBLAS, the Triton table, and single configs over several buckets
-    ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "--knobs", "LMF_DOWN_PROJECTION", "--rounds", "7",
-                          "--name", "decode_tuning_down_triton", "--values",
-                          "LMF_DOWN_PROJECTION=cublas,triton,swap_tma:16x32x256/w4/st6/s1,swap:16x64x128/w4/st6/s2,"
+    ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "--knobs", "LMF_DOWN_PROJECTION",
+                          "down_projection_kernel", "--rounds", "7", "--name", "decode_tuning_down_triton", "--values",
+                          "LMF_DOWN_PROJECTION=cublas,triton",
+                          "down_projection_kernel=swap_tma:16x32x256/w4/st6/s1,swap:16x64x128/w4/st6/s2,"
                           "swap_tma:32x32x256/w4/st6/s1"), None),
     ("prefill_timing.py", (), None),  # prefill timed as single synchronised calls or back to back
     ("prefill_timing.py", ("--precompile", "1", "8", "32", "128", "--name", "prefill_timing_precompiled"), None),

@@ -3,7 +3,7 @@ no CUDA graph): before the routed grouping ("first", the default from expert_sch
 tokens on) or right after the routed L1 launch ("after_l1", the order before session 22), against the compiled
 block without the pass.
 
-One compile per variant; LMF_SHARED_IN_LINE is read per call, so both orders run the same compiled fused graph.
+One compile per variant; the shared_in_line tuning override is read per call, so both orders run the same compiled fused graph.
 4 calls back to back between CUDA events (the host launches ahead as across a model's layers), median of 9
 alternating rounds; host: one call from an idle GPU to its return (median of 10). Outputs of the two orders: bit
 for bit (the same kernels on one stream).
@@ -23,8 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.block import compile_afresh, compiled, kimi_rank_block  # noqa: E402
-from bench.common import env_applied, environment, host_us, write_results  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import SHARED_IN_LINE_ENV  # noqa: E402
+from bench.common import environment, host_us, write_results  # noqa: E402
+from latent_moe_fusion import tuning  # noqa: E402
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
                 "fused, shared after L1": (fused, "after_l1")}
 
     def back_to_back_us(fn, order: str, calls: int = 4) -> float:
-        with env_applied({SHARED_IN_LINE_ENV: order}):
+        with tuning.overrides(shared_in_line=order):
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -54,7 +54,7 @@ def main() -> None:
 
     outputs = {}
     for name, (fn, order) in variants.items():
-        with env_applied({SHARED_IN_LINE_ENV: order}):
+        with tuning.overrides(shared_in_line=order):
             outputs[name] = fn(x)
         back_to_back_us(fn, order)
     samples: dict[str, list[float]] = {name: [] for name in variants}
@@ -65,7 +65,7 @@ def main() -> None:
     compiled_us = statistics.median(samples["compiled"])
     rows = []
     for name, (fn, order) in variants.items():
-        with env_applied({SHARED_IN_LINE_ENV: order}):
+        with tuning.overrides(shared_in_line=order):
             host = host_us(lambda fn=fn: fn(x), calls=10)[0]
         us = statistics.median(samples[name])
         rows.append({"M": args.m, "variant": name, "us": us, "compiled / this": compiled_us / us, "host_us": host,

@@ -3,9 +3,9 @@ timed in the same process in alternating rounds. Separate processes of the same 
 differed by up to ~10 us at M = 1 (cause not identified), and scripts that draw different inputs differ
 more, since each input routes to its own experts.
 
-Decode (beside the register-dequant routed kernels): each `LMF_REGS_SHARED` placement (side,
-cublas_side, cublas) captured in CUDA graphs; feeds `expert_schedule.shared_strategy`. Prefill (the
-Triton routed grids, no graph): `LMF_GRID_SHARED` grid or cublas, CUDA events around calls
+Decode (beside the register-dequant routed kernels): each `regs_shared` placement (side,
+cublas_side, cublas; a tuning override) captured in CUDA graphs; feeds `expert_schedule.shared_strategy`. Prefill (the
+Triton routed grids, no graph): `grid_shared` grid or cublas, CUDA events around calls
 back to back in alternating rounds; feeds `expert_schedule.grid_shared_strategy`.
 
     PYTHONPATH=. python3 bench/shared_strategy.py --out bench/results
@@ -15,7 +15,6 @@ back to back in alternating rounds; feeds `expert_schedule.grid_shared_strategy`
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -32,10 +31,9 @@ from bench.common import (  # noqa: E402
     time_graph_ms,
     write_results,
 )
+from latent_moe_fusion import tuning  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import (  # noqa: E402
-    GRID_SHARED_ENV,
     GRID_SHARED_STRATEGIES,
-    SHARED_ENV,
     SHARED_STRATEGIES,
     grid_shared_strategy,
     shared_strategy,
@@ -52,15 +50,14 @@ def prefill_row(m: int, plain, fused, block, cfg, rounds: int) -> dict:
 
     def placed(strategy: str):
         def run():
-            os.environ[GRID_SHARED_ENV] = strategy  # read at every call (no graph at prefill)
-            return fused(x)
+            with tuning.overrides(grid_shared=strategy):  # read at every call (no graph at prefill)
+                return fused(x)
         return run
 
     for strategy in GRID_SHARED_STRATEGIES:
         row[f"{strategy}_err"] = rel_l2(placed(strategy)(), ref)
     fns = {"compiled": lambda: plain(x)} | {s: placed(s) for s in GRID_SHARED_STRATEGIES}
     row |= {f"{name}_us": 1e3 * ms for name, ms in time_back_to_back_interleaved_ms(fns, rounds=rounds * 3).items()}
-    os.environ.pop(GRID_SHARED_ENV)
     row["best"] = min(GRID_SHARED_STRATEGIES, key=lambda s: row[f"{s}_us"])
     return row
 
@@ -75,7 +72,6 @@ def main() -> None:
     args = ap.parse_args()
     block, plain, fused, fpass = compiled_rank_block()
     cfg = block.cfg
-    forced = {env: os.environ.pop(env, None) for env in (SHARED_ENV, GRID_SHARED_ENV)}
     rows = []
     for m in args.m:
         xs = [torch.randn(m, cfg.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
@@ -85,10 +81,9 @@ def main() -> None:
         for _ in range(args.rounds):
             times["compiled"].append(1e3 * time_graph_ms(lambda i: plain(xs[i]), len(xs)))
             for strategy in SHARED_STRATEGIES:
-                os.environ[SHARED_ENV] = strategy  # read when the op runs, i.e. at each capture
-                row[f"{strategy}_err"] = rel_l2(fused(xs[0]), ref)
-                times[strategy].append(1e3 * time_graph_ms(lambda i: fused(xs[i]), len(xs)))
-            os.environ.pop(SHARED_ENV)
+                with tuning.overrides(regs_shared=strategy):  # read when the op runs, i.e. at each capture
+                    row[f"{strategy}_err"] = rel_l2(fused(xs[0]), ref)
+                    times[strategy].append(1e3 * time_graph_ms(lambda i: fused(xs[i]), len(xs)))
         row["matched"] = fpass.report.matched
         row |= {f"{name}_us": statistics.median(v) for name, v in times.items()}
         row["best"] = min(SHARED_STRATEGIES, key=lambda s: row[f"{s}_us"])
@@ -97,7 +92,6 @@ def main() -> None:
     for m in args.prefill_m:
         rows.append(prefill_row(m, plain, fused, block, cfg, args.rounds) | {"matched": fpass.report.matched})
         print(rows[-1], flush=True)
-    os.environ.update({env: value for env, value in forced.items() if value is not None})
     meta = environment() | {
         "config": "Kimi K3 one rank of TP8/EP8: 112/896 experts MXFP4, top-16, shared 768, R=1, router GEMM bf16",
         "timing": f"decode: CUDA graph replay over 4 rotating inputs, median of {args.rounds} alternating rounds; "
