@@ -209,7 +209,7 @@ def time_graphs_interleaved_ms(steps: dict[str, Callable[[int], Any]], num_sets:
 
 @contextlib.contextmanager
 def env_applied(env: dict[str, str]):
-    """Environment variables set for the duration (the library's tuning switches are read per call)."""
+    """Environment variables set for the duration (the library's operator switches are read per call)."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -220,6 +220,30 @@ def env_applied(env: dict[str, str]):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def knobs_applied(knobs: dict[str, Any]):
+    """Knobs set for the duration: latent_moe_fusion.tuning override fields (e.g. mxfp4_ring) and operator
+    environment variables (LMF_* names, e.g. LMF_ROUTED_FP8). The ops read both when they run, so one compile
+    serves every setting (each CUDA graph keeps what it captured). A bad value raises on entry."""
+    from latent_moe_fusion import tuning
+
+    env = {k: str(v) for k, v in knobs.items() if k.startswith("LMF_")}
+    overrides = {k: v for k, v in knobs.items() if not k.startswith("LMF_")}
+    with env_applied(env), tuning.overrides(**overrides):
+        yield
+
+
+def parse_knobs(specs: Sequence[str], what: str = "--knobs") -> dict[str, str]:
+    """KNOB=VALUE command-line settings as a dict for knobs_applied (text values: the overrides take them)."""
+    knobs = {}
+    for spec in specs:
+        knob, sep, value = spec.partition("=")
+        if not sep or not knob:
+            raise SystemExit(f"{what} {spec!r}: expected KNOB=VALUE (a tuning override field or an LMF_ variable)")
+        knobs[knob] = value
+    return knobs
 
 
 def sets_to_flush_l2(bytes_per_set: int, minimum: int = 2, maximum: int = 64) -> int:

@@ -1,7 +1,8 @@
 """Decode knobs of the fused block, swept where they act: the whole compiled + fused block in CUDA graphs.
 
-The knobs are the library's tuning overrides (environment variables read per call, so one compile
-serves every setting; each setting gets its own graph capture): programmatic dependent launch sites and
+The knobs are the library's tuning overrides (latent_moe_fusion.tuning fields, read when the ops run, so one
+compile serves every setting; each setting gets its own graph capture) and the operator's numerics variables
+(LMF_DOWN_PROJECTION, LMF_ROUTED_FP8): programmatic dependent launch sites and
 the tail's L2 prefetch depth (ops/pdl.py), the shapes of the side-stream shared expert's Triton programs
 (K slices and rows per program of gate/up, rows and K tile per program of down), whether the routed
 grouping goes before or after the shared expert's fork, the router beside the down-projection or in
@@ -24,63 +25,47 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.block import compiled_rank_block, decode_inputs  # noqa: E402
-from bench.common import env_applied, environment, rel_l2, time_graph_ms, write_results  # noqa: E402
+from bench.common import environment, knobs_applied, rel_l2, time_graph_ms, write_results  # noqa: E402
 from latent_moe_fusion.ops.down_projection import DOWN_PROJECTION_ENV, TRITON_TABLE  # noqa: E402
-from latent_moe_fusion.ops.gluon_kernels import LOAD_ORDER_ENV, RING_ENV  # noqa: E402
-from latent_moe_fusion.ops.pdl import PDL_ENV  # noqa: E402
-from latent_moe_fusion.ops.route_and_produce import (  # noqa: E402
-    SHARED_FIRST_ENV,
-    SHARED_FIRST_MAX_TOKENS,
-    SHARED_FIRST_ORDER_ENV,
-    SHARED_FIRST_URGENT_CHOICES,
-    SHARED_FIRST_URGENT_ENV,
-)
-from latent_moe_fusion.ops.route_and_project import OVERLAP_ENV, OVERLAP_MAX_TOKENS, OVERLAP_ORDER_ENV  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import GROUP_FIRST_ENV, SHARED_ENV  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.producer_config import (  # noqa: E402
-    REGS_SPLIT_ENV,
-    ROUTED_FP8_ENV,
-    SHARED_L2_K_ENV,
-    SHARED_L2_ROWS_ENV,
-    SHARED_SPLIT_ENV,
-    SHARED_TILES_ENV,
-)
-from latent_moe_fusion.ops.triton_kernels.routed_gemv import ROUTED_GEMV_ENV  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.tail import PREFETCH_ENV  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.tail_configs import GEMV_ENV  # noqa: E402
+from latent_moe_fusion.ops.route_and_produce import SHARED_FIRST_MAX_TOKENS, SHARED_FIRST_URGENT_CHOICES  # noqa: E402
+from latent_moe_fusion.ops.route_and_project import OVERLAP_MAX_TOKENS  # noqa: E402
+from latent_moe_fusion.ops.triton_kernels.producer_config import ROUTED_FP8_ENV  # noqa: E402
 
+# Knob -> values swept: latent_moe_fusion.tuning override fields, and the operator's numerics variables (LMF_*).
 KNOBS: dict[str, tuple[str, ...]] = {
-    PDL_ENV: ("none", "tail"),
-    PREFETCH_ENV: ("0", "4"),
-    GROUP_FIRST_ENV: ("0", "1"),
-    SHARED_SPLIT_ENV: ("1", "2", "8"),
-    SHARED_TILES_ENV: ("32x64", "16x128"),
-    SHARED_L2_ROWS_ENV: ("32", "128"),
-    SHARED_L2_K_ENV: ("32", "128"),
-    GEMV_ENV: ("off", "2x512x1024w1", "4x512x1024w2"),
-    REGS_SPLIT_ENV: ("2,2", "4,1", "7,2", "4,3"),
-    SHARED_ENV: ("cublas_side", "side"),
-    ROUTED_GEMV_ENV: ("0", "1", "2x2x64w1p2", "2x4x64w1p2"),
-    OVERLAP_ENV: ("0", "1"),
-    OVERLAP_ORDER_ENV: ("router", "down"),
-    RING_ENV: ("loads", "tma,cp4", "tma"),
-    LOAD_ORDER_ENV: ("early", "late"),
-    SHARED_FIRST_ENV: ("0", "1"),
-    SHARED_FIRST_ORDER_ENV: ("shared,router,down", "router,down,shared", "down,router,shared", "router,shared,down"),
-    SHARED_FIRST_URGENT_ENV: SHARED_FIRST_URGENT_CHOICES,
+    "pdl_sites": ("none", "tail"),
+    "tail_prefetch": ("0", "4"),
+    "group_first": ("0", "1"),
+    "producer_shared_split": ("1", "2", "8"),
+    "producer_decode_shared_tiles": ("32x64", "16x128"),
+    "producer_shared_l2_rows": ("32", "128"),
+    "producer_shared_l2_k": ("32", "128"),
+    "tail_gemv": ("off", "2x512x1024w1", "4x512x1024w2"),
+    "regs_split": ("2,2", "4,1", "7,2", "4,3"),
+    "regs_shared": ("cublas_side", "side"),
+    "routed_gemv": ("0", "1", "2x2x64w1p2", "2x4x64w1p2"),
+    "router_overlap_streams": ("0", "1"),
+    "router_overlap_order": ("router", "down"),
+    "mxfp4_ring": ("loads", "tma,cp4", "tma"),
+    "mxfp4_load_order": ("early", "late"),
+    "shared_first_schedule": ("0", "1"),
+    "shared_first_order": ("shared,router,down", "router,down,shared", "down,router,shared", "router,shared,down"),
+    "shared_first_urgent": SHARED_FIRST_URGENT_CHOICES,
     DOWN_PROJECTION_ENV: ("cublas", "triton"),
-    ROUTED_FP8_ENV: ("0", "l1,l2"),  # the FP8 routed kernels (LMF_ROUTED_FP8): bf16 (0) and both layers against the default (L1)
+    "down_projection_kernel": ("swap_tma:16x32x256/w4/st6/s1",),
+    ROUTED_FP8_ENV: ("0", "l1,l2"),  # the FP8 routed kernels: bf16 (0) and both layers against the default (L1)
 }
 # Knobs that act only up to this many tokens (the side-stream Triton shared expert, the grouping order).
-ACTIVE_UP_TO = {SHARED_SPLIT_ENV: 4, SHARED_TILES_ENV: 1, SHARED_L2_ROWS_ENV: 4, SHARED_L2_K_ENV: 4,
-                GROUP_FIRST_ENV: 16, GEMV_ENV: 2, SHARED_ENV: 16, ROUTED_GEMV_ENV: 8, OVERLAP_ENV: OVERLAP_MAX_TOKENS,
-                OVERLAP_ORDER_ENV: OVERLAP_MAX_TOKENS, SHARED_FIRST_ENV: SHARED_FIRST_MAX_TOKENS,
-                SHARED_FIRST_ORDER_ENV: SHARED_FIRST_MAX_TOKENS, SHARED_FIRST_URGENT_ENV: SHARED_FIRST_MAX_TOKENS,
-                DOWN_PROJECTION_ENV: TRITON_TABLE[-1][0]}
+ACTIVE_UP_TO = {"producer_shared_split": 4, "producer_decode_shared_tiles": 1, "producer_shared_l2_rows": 4,
+                "producer_shared_l2_k": 4, "group_first": 16, "tail_gemv": 2, "regs_shared": 16, "routed_gemv": 8,
+                "router_overlap_streams": OVERLAP_MAX_TOKENS, "router_overlap_order": OVERLAP_MAX_TOKENS,
+                "shared_first_schedule": SHARED_FIRST_MAX_TOKENS, "shared_first_order": SHARED_FIRST_MAX_TOKENS,
+                "shared_first_urgent": SHARED_FIRST_MAX_TOKENS, DOWN_PROJECTION_ENV: TRITON_TABLE[-1][0],
+                "down_projection_kernel": TRITON_TABLE[-1][0]}
 
 
-def _time(fn, xs, env: dict[str, str]) -> float:
-    with env_applied(env):
+def _time(fn, xs, knobs: dict[str, str]) -> float:
+    with knobs_applied(knobs):
         return time_graph_ms(lambda i: fn(xs[i]), len(xs)) * 1e3
 
 
@@ -117,13 +102,13 @@ def main() -> None:
         settings = {"defaults": {}} | {f"{k}={v}": {k: v} for k, vals in knobs.items() for v in vals} | combos
         samples: dict[str, list[float]] = {name: [] for name in ["compiled", *settings]}
         errs = {}
-        for name, env in settings.items():
-            with env_applied(env):
+        for name, knobs in settings.items():
+            with knobs_applied(knobs):
                 errs[name] = rel_l2(fused(xs[0]), ref)
         for _ in range(args.rounds):
             samples["compiled"].append(_time(base, xs, {}))
-            for name, env in settings.items():
-                samples[name].append(_time(fused, xs, env))
+            for name, knobs in settings.items():
+                samples[name].append(_time(fused, xs, knobs))
         med = {name: statistics.median(v) for name, v in samples.items()}
         winners = {}
         for knob, vals in knobs.items():
@@ -135,7 +120,7 @@ def main() -> None:
             final["compiled"].append(_time(base, xs, {}))
             final["defaults"].append(_time(fused, xs, {}))
             final["winners"].append(_time(fused, xs, winners))
-        with env_applied(winners):
+        with knobs_applied(winners):
             errs["winners"] = rel_l2(fused(xs[0]), ref)
         for name in settings:
             rows.append({"M": m, "setting": name, "us": med[name], "vs_defaults": med["defaults"] / med[name],

@@ -12,7 +12,6 @@ as CUDA-graph replays over rotating input sets, prefill with CUDA events (median
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -22,11 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import environment, measure_ceilings, rel_l2, time_graph_ms, time_ms, write_results  # noqa: E402
 from bench.kernel_breakdown import breakdown_markdown, kernel_times_us  # noqa: E402
+from latent_moe_fusion import tuning  # noqa: E402
 from latent_moe_fusion.model.router import localize_ids  # noqa: E402
 from latent_moe_fusion.ops.backends import backends_for  # noqa: E402
 from latent_moe_fusion.ops.deepgemm import deepgemm_status, probe_deepgemm  # noqa: E402
 from latent_moe_fusion.ops.deepgemm.probe import SM90_GROUPED, deep_gemm_module  # noqa: E402
 from latent_moe_fusion.ops.deepgemm.sm90_grouped import (  # noqa: E402
+    LAYOUTS,
     bf16_weights,
     choose_layout,
     contiguous_gemms,
@@ -127,7 +128,14 @@ def main() -> None:
     ap.add_argument("--weight-format", choices=("mxfp4", "bf16"), default="mxfp4")
     ap.add_argument("--no-check", action="store_true", help="skip the comparison with the reference op")
     ap.add_argument("--no-kernels", action="store_true", help="skip the per-kernel time breakdown")
+    ap.add_argument("--layout", choices=LAYOUTS, help="force this layout (the deepgemm_routed_layout tuning override; "
+                                                      "default: by M)")
     args = ap.parse_args()
+    with tuning.overrides(deepgemm_routed_layout=args.layout):
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     if not probe_deepgemm().has(SM90_GROUPED):
         raise SystemExit(f"DeepGEMM SM90 grouped GEMMs unavailable: {deepgemm_status()}")
     torch.manual_seed(0)
@@ -176,7 +184,7 @@ def main() -> None:
         "copy_TBps": ceilings["copy_bytes_per_s"] / 1e12,
         "bf16_TFLOPps": ceilings["bf16_flop_per_s"] / 1e12,
         "timing": "M<=128: CUDA graph replay over rotating input sets, median; larger M: CUDA events, median",
-        "layout_env": os.environ.get("LMF_DEEPGEMM_ROUTED_LAYOUT", "by M (masked <= 128 < contiguous)"),
+        "layout": args.layout or "by M (masked <= 128 < contiguous)",
     }
     cols = ["M", "hit", "layout", "triton_us", "deepgemm_us", "deepgemm_gemms_us", "deepgemm_vs_triton", "floor_us", "floor_bf16_copy_us",
             "deepgemm_x_floor", "triton_err", "deepgemm_err"]

@@ -131,23 +131,22 @@ def main() -> None:
     import torch
 
     from bench.block import compiled_rank_block
-    from bench.common import env_applied, environment
-    from latent_moe_fusion.ops.pdl import PDL_ENV
+    from bench.common import environment, knobs_applied, parse_knobs
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--m", type=int, nargs="*", default=[1, 8, 32])
     ap.add_argument("--name", default="graph_timeline")
-    ap.add_argument("--fused-env", nargs="*", default=[], metavar="KNOB=VALUE",
-                    help="also profile the fused block with each of these settings")
+    ap.add_argument("--fused-knobs", nargs="*", default=[], metavar="KNOB=VALUE",
+                    help="also profile the fused block with each of these settings (a tuning override field, e.g. "
+                         "pdl_sites=tail, or an LMF_ variable)")
     args = ap.parse_args()
     block, base, fused, _ = compiled_rank_block()
-    # (forward, environment while capturing): PDL's sites are read per call, so one compile serves both
+    # (forward, knobs while capturing): PDL's sites are read per call, so one compile serves both
     variants = {"compiled": (base, {}), "compiled+fused": (fused, {}),
-                "compiled+fused, LMF_PDL=none": (fused, {PDL_ENV: "none"})}
-    for spec in args.fused_env:
-        knob, _, value = spec.partition("=")
-        variants[f"compiled+fused, {spec}"] = (fused, {knob: value})
+                "compiled+fused, pdl_sites=none": (fused, {"pdl_sites": "none"})}
+    for spec in args.fused_knobs:
+        variants[f"compiled+fused, {spec}"] = (fused, parse_knobs([spec], "--fused-knobs"))
     meta = environment()
     out: dict[str, Any] = {"meta": meta, "timelines": {}}
     text = [f"# {args.name}: kernels of one replayed decode forward\n",
@@ -157,8 +156,8 @@ def main() -> None:
             "is not the benchmark figure (block.md).\n"]
     for m in args.m:
         x = torch.randn(m, block.cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
-        for name, (fn, env) in variants.items():
-            with env_applied(env):
+        for name, (fn, knobs) in variants.items():
+            with knobs_applied(knobs):
                 rows = profile_graph(lambda fn=fn: fn(x))
             key = f"M = {m}, {name}"
             s = summary(rows)

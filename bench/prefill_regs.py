@@ -1,8 +1,8 @@
-"""The routed op beyond decode (MXFP4, Kimi K3 rank: EP8, 112 of 896 experts, top-16): the Triton prefill tiles
-(LMF_PREFILL_REGS=0), the register-dequant kernels in 32- and 64-row blocks (LMF_PREFILL_REGS=32 / 64), the staged
-kernels in 128-row blocks (LMF_PREFILL_REGS=128), the default (32-, 64- then 128-row blocks by the pairs per local
+"""The routed op beyond decode (MXFP4, Kimi K3 rank: EP8, 112 of 896 experts, top-16), by the prefill_regs tuning
+override: the Triton prefill tiles (0), the register-dequant kernels in 32- and 64-row blocks (32 / 64), the staged
+kernels in 128-row blocks (128), the default (32-, 64- then 128-row blocks by the pairs per local
 expert counted as if every pair were local: producer_config.prefill_regs_block_m) and "gpu choice"
-(LMF_PREFILL_REGS=choice, the default before the staged kernels: 32- and 64-row blocks up to PREFILL_REGS_MAX_ROWS,
+("choice", the default before the staged kernels: 32- and 64-row blocks up to PREFILL_REGS_MAX_ROWS,
 beyond that a choice on the GPU between the 64-row blocks and the Triton tiles by the local experts' mean rows,
 moe_align_choice.py; both families launch).
 
@@ -30,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.block import kimi_rank_block  # noqa: E402
 from bench.common import (  # noqa: E402
-    env_applied,
     environment,
     host_us,
     measure_ceilings,
@@ -39,13 +38,14 @@ from bench.common import (  # noqa: E402
     write_results,
 )
 from bench.kernel_breakdown import breakdown_markdown, kernel_times_us  # noqa: E402
-from latent_moe_fusion import KimiK3MoEBlock  # noqa: E402
+from latent_moe_fusion import KimiK3MoEBlock, tuning  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import planned_grouping, run_experts  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.moe_align_choice import GroupingChoice  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_ENV, pick_config  # noqa: E402
+from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_OVERRIDE, pick_config  # noqa: E402
 
 SIZES = (192, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 ALL_LOCAL_SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+# name: the prefill_regs override ("": None, the measured default)
 SETTINGS = {"triton tiles": "0", "default": "", "gpu choice": "choice", "regs 32 forced": "32", "regs 64 forced": "64",
             "staged 128 forced": "128"}
 # Per-kernel breakdowns: the default's staged kernels on an EP share and all local, and where "gpu choice" has the GPU
@@ -67,7 +67,7 @@ def routing(block: KimiK3MoEBlock, m: int, kind: str) -> tuple[torch.Tensor, tor
 
 def picked(routed: tuple, num_pairs: int, num_experts: int, setting: str = "") -> str:
     """What a setting (default: unset) runs for these routed arguments."""
-    with env_applied({PREFILL_REGS_ENV: setting}):
+    with tuning.overrides(prefill_regs=setting or None):
         cfg = pick_config(num_pairs, "mxfp4", torch.bfloat16, num_experts)
         if not cfg.device_choice_bm:
             return "host: regs" if cfg.routed_regs else "host: triton tiles"
@@ -101,7 +101,7 @@ def main() -> None:
         settings = dict(SETTINGS)
         block_rows = {}
         for name, value in settings.items():
-            with env_applied({PREFILL_REGS_ENV: value}):
+            with tuning.overrides(prefill_regs=value or None):
                 block_rows[name] = pick_config(m * cfg.top_k, "mxfp4", torch.bfloat16, block.num_local_experts).bm
         default_runs = picked(routed, m * cfg.top_k, block.num_local_experts)
         choice_runs = picked(routed, m * cfg.top_k, block.num_local_experts, "choice")
@@ -110,7 +110,7 @@ def main() -> None:
         fns = {}
         for name, value in settings.items():
             def call(value: str = value) -> torch.Tensor:
-                with env_applied({PREFILL_REGS_ENV: value}):
+                with tuning.overrides(prefill_regs=value or None):
                     return run_experts(*routed, rms_weight=block.norm_weight, eps=cfg.rms_norm_eps)
             fns[name] = call
         outs = {name: fn() for name, fn in fns.items()}
@@ -125,7 +125,7 @@ def main() -> None:
                 kernels[f"{kind}, M = {m}, {name}"] = kernel_times_us(fn, top=10)
         for name in fns:
             us = times[name] * 1e3
-            rows.append({"routing": kind, "M": m, "setting": name, f"{PREFILL_REGS_ENV}": settings[name] or "unset",
+            rows.append({"routing": kind, "M": m, "setting": name, PREFILL_REGS_OVERRIDE: settings[name] or "None",
                          "picked": {"default": default_runs, "gpu choice": choice_runs}.get(name, ""),
                          "block_rows": block_rows[name],
                          "rows_per_hit_expert": valid / max(hit, 1), "us": us, "host_us": host[name],
@@ -146,7 +146,7 @@ def main() -> None:
         "host_us": "median host time of one call from an idle GPU to its return (bench.common.host_us, 20 calls): "
                    "where it nears us, the back-to-back figure is partly the host's",
     }
-    columns = ["routing", "M", "setting", PREFILL_REGS_ENV, "picked", "block_rows", "rows_per_hit_expert", "us",
+    columns = ["routing", "M", "setting", PREFILL_REGS_OVERRIDE, "picked", "block_rows", "rows_per_hit_expert", "us",
                "host_us", "vs_triton_tiles", "vs_best_forced", "floor_us", "x_floor", "rel_l2_vs_triton_tiles", "finite"]
     write_results("prefill_regs", rows, columns, meta, args.out)
     if kernels:

@@ -1,6 +1,6 @@
 """Routed MXFP4 experts for a few decode tokens: the register-dequant MMA kernels (grouping, L1 in K slices,
 finish, L2) against the CUDA-core GEMV kernels (ops/triton_kernels/routed_gemv.py, Gluon on sm_90), on the
-same inputs, for several GEMV shapes (LMF_ROUTED_GEMV specs).
+same inputs, for several GEMV shapes (routed_gemv tuning override specs).
 
 The routed op alone (routing to combine) is timed by CUDA-graph replay over rotating input sets; the
 kernels by the profiler. Floor: the MXFP4 bytes (codes + E8M0 scales) of the (token, expert) pairs'
@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import env_applied, environment, measure_ceilings, rel_l2, time_graph_ms, write_results  # noqa: E402
+from bench.common import environment, measure_ceilings, rel_l2, time_graph_ms, write_results  # noqa: E402
 from bench.kernel_breakdown import kernel_times_us  # noqa: E402
 from bench.producer import (  # noqa: E402
     DT,
@@ -39,12 +39,10 @@ from bench.producer import (  # noqa: E402
     make_weights,
 )
 from bench.routed_inputs import L1_BYTES, L2_BYTES, one_token_sets  # noqa: E402
+from latent_moe_fusion import tuning  # noqa: E402
 from latent_moe_fusion.ops.math import routed_experts_math  # noqa: E402
 from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.routed_gemv import (  # noqa: E402
-    ROUTED_GEMV_CONFIG,
-    ROUTED_GEMV_ENV,
-)
+from latent_moe_fusion.ops.triton_kernels.routed_gemv import ROUTED_GEMV_CONFIG  # noqa: E402
 
 SPECS = ("4x4x64w1p2", "4x4x64w1p1", "4x4x64w1p4", "2x2x64w1p2", "8x8x64w1p2", "4x4x64w2p2", "4x4x128w1p2",
          "4x4x64w1p2b")
@@ -73,10 +71,10 @@ def main() -> None:
         ref = routed_experts_math(*case.routed_args(case.sets[0]))
         pairs = case.pairs()
         floor_us = pairs * (L1_BYTES + L2_BYTES) / bw * 1e6
-        variants = {"mma": ({ROUTED_GEMV_ENV: "0"}, replace(picked, routed_gemv=False))}
-        variants |= {f"gemv {s}": ({ROUTED_GEMV_ENV: s}, replace(picked, routed_gemv=True)) for s in args.specs}
-        for name, (env, cfg) in variants.items():
-            with env_applied(env):
+        variants = {"mma": (False, replace(picked, routed_gemv=False))}  # name: (routed_gemv override, config)
+        variants |= {f"gemv {s}": (s, replace(picked, routed_gemv=True)) for s in args.specs}
+        for name, (setting, cfg) in variants.items():
+            with tuning.overrides(routed_gemv=setting):
                 err = rel_l2(case.routed_only(0, cfg), ref)
                 us = time_graph_ms(lambda i, c=cfg: case.routed_only(i, c), len(case.sets)) * 1e3
                 sets = itertools.cycle(range(len(case.sets)))

@@ -22,8 +22,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import latent_moe_fusion as lmf  # noqa: E402,F401  (registers torch.ops.lmf.*)
-from bench.common import env_applied, environment, measure_ceilings, time_graph_ms, write_results  # noqa: E402
-from latent_moe_fusion.ops.route_and_project import OVERLAP_ENV, OVERLAP_MAX_TOKENS  # noqa: E402
+from bench.common import environment, measure_ceilings, time_graph_ms, write_results  # noqa: E402
+from latent_moe_fusion import tuning  # noqa: E402
+from latent_moe_fusion.ops.route_and_project import OVERLAP_MAX_TOKENS, OVERLAP_OVERRIDE  # noqa: E402
 from latent_moe_fusion.ops.routing import router_logits  # noqa: E402
 
 HIDDEN, EXPERTS, LATENT, TOP_K, LOCAL = 7168, 896, 3584, 16, 112
@@ -52,8 +53,8 @@ def main() -> None:
         x = torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
         row = {"M": m}
         outs = {}
-        for name, flag in (("one_stream", "0"), ("side_by_side", "1")):
-            with env_applied({OVERLAP_ENV: flag}):
+        for name, flag in (("one_stream", False), ("side_by_side", True)):
+            with tuning.overrides(router_overlap_streams=flag):
                 outs[name] = call(x, 0)
                 row[f"{name}_us"] = time_graph_ms(lambda i: call(x, i), WEIGHT_SETS) * 1e3
         row["down_projection_alone_us"] = time_graph_ms(lambda i: torch.mm(x, sets[i][2].t()), WEIGHT_SETS) * 1e3
@@ -72,7 +73,7 @@ def main() -> None:
                   f"{LOCAL} local experts, L = {LATENT}",
         "copy_TBps": ceilings["copy_bytes_per_s"] / 1e12,
         "timing": f"CUDA graph replay over {WEIGHT_SETS} rotating weight sets, median",
-        "threshold": f"OVERLAP_MAX_TOKENS = {OVERLAP_MAX_TOKENS} (side by side up to it; {OVERLAP_ENV}=0/1 forces)",
+        "threshold": f"OVERLAP_MAX_TOKENS = {OVERLAP_MAX_TOKENS} (side by side up to it; the {OVERLAP_OVERRIDE} tuning override False / True forces)",
     }
     cols = ["M", "one_stream_us", "side_by_side_us", "side_by_side_speedup", "down_projection_alone_us",
             "router_alone_us", "floor_us", "side_by_side_x_floor", "bitwise_equal", "default"]

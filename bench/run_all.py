@@ -34,20 +34,21 @@ BENCHMARKS = (
     # the decode defaults against their alternatives on the whole block, in alternating rounds
     ("decode_tuning.py", ("--m", "8", "16", "32", "64", "128", "--knobs", "LMF_ROUTED_FP8", "--rounds", "5", "--name",
                           "decode_tuning_routed_fp8"), None),  # bf16 kernels, FP8 L1 (default), FP8 L1 + L2
-    ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "128", "--knobs", "LMF_SHARED_FIRST", "--rounds",
+    ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "128", "--knobs", "shared_first_schedule", "--rounds",
                           "5", "--name", "decode_tuning_shared_first"), None),  # lmf::route_and_produce's schedule
     # its urgent streams and launch order against the plain-priority orders
-    ("decode_tuning.py", ("--m", "8", "16", "32", "64", "128", "--knobs", "LMF_SHARED_FIRST_URGENT",
-                          "LMF_SHARED_FIRST_ORDER", "--rounds", "5", "--name", "decode_tuning_shared_first_urgent",
-                          "--combo", "LMF_SHARED_FIRST_URGENT=none;LMF_SHARED_FIRST_ORDER=router,down,shared",
-                          "LMF_SHARED_FIRST_URGENT=none;LMF_SHARED_FIRST_ORDER=shared,router,down"), None),
+    ("decode_tuning.py", ("--m", "8", "16", "32", "64", "128", "--knobs", "shared_first_urgent",
+                          "shared_first_order", "--rounds", "5", "--name", "decode_tuning_shared_first_urgent",
+                          "--combo", "shared_first_urgent=none;shared_first_order=router,down,shared",
+                          "shared_first_urgent=none;shared_first_order=shared,router,down"), None),
     # the down-projection's kernel in the block: cuBLAS, the Triton table, and single configs over several buckets
-    ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "--knobs", "LMF_DOWN_PROJECTION", "--rounds", "7",
-                          "--name", "decode_tuning_down_triton", "--values",
-                          "LMF_DOWN_PROJECTION=cublas,triton,swap_tma:16x32x256/w4/st6/s1,swap:16x64x128/w4/st6/s2,"
+    ("decode_tuning.py", ("--m", "1", "2", "4", "8", "16", "32", "64", "--knobs", "LMF_DOWN_PROJECTION",
+                          "down_projection_kernel", "--rounds", "7", "--name", "decode_tuning_down_triton", "--values",
+                          "LMF_DOWN_PROJECTION=cublas,triton",
+                          "down_projection_kernel=swap_tma:16x32x256/w4/st6/s1,swap:16x64x128/w4/st6/s2,"
                           "swap_tma:32x32x256/w4/st6/s1"), None),
     # tools: the kernels of one replayed decode forward, and the GPU's idle gaps of a prefill forward
-    ("graph_timeline.py", ("--m", "1", "8", "32", "128", "--fused-env", "LMF_PDL=none"), None),
+    ("graph_timeline.py", ("--m", "1", "8", "32", "128", "--fused-knobs", "pdl_sites=none"), None),
     ("host_gaps.py", (), None),
     # a peer: the routed experts on DeepGEMM's SM90 grouped GEMMs (opt-in backend)
     ("deepgemm_routed.py", ("--weight-format", "mxfp4"), "deep_gemm"),

@@ -1,16 +1,39 @@
-"""Command line: `python -m latent_moe_fusion demo` and `python -m latent_moe_fusion inspect [--tp N] [--sp]`."""
+"""Command line: `python -m latent_moe_fusion demo`, `python -m latent_moe_fusion inspect [--tp N] [--sp]` and
+`python -m latent_moe_fusion switches [--markdown]`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import demo, graph_inspect
+from . import demo, envs, graph_inspect
 from .cli_args import CliError
+
+
+class _Switches:
+    """`switches`: the operator's environment variables as set here, and the tuning overrides."""
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--markdown", action="store_true",
+                            help="print docs/switches.md instead (python -m latent_moe_fusion switches --markdown > "
+                                 "docs/switches.md)")
+
+    @staticmethod
+    def check_arguments(args: argparse.Namespace) -> None:
+        pass  # one flag, checked by argparse
+
+    @staticmethod
+    def run(args: argparse.Namespace) -> int:
+        print(envs.markdown() if args.markdown else envs.describe(), end="" if args.markdown else "\n")
+        return 0
+
 
 COMMANDS = {
     "demo": (demo, "eager vs compiled vs compiled + fused on the reference block"),
     "inspect": (graph_inspect, "post-grad graph before and after the fusion pass, and a summary"),
+    "switches": (_Switches, "the operator's environment variables as set here, and the tuning overrides "
+                            "(docs/switches.md)"),
 }
 
 

@@ -1,5 +1,6 @@
 """Shared fixtures. Without CUDA, Triton kernels run in the interpreter (TRITON_INTERPRET=1)."""
 
+import contextlib
 import os
 
 import torch
@@ -11,6 +12,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 import latent_moe_fusion  # noqa: E402,F401  (registers torch.ops.lmf.*)
+from latent_moe_fusion import tuning  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -29,3 +31,11 @@ def rng_seed(request) -> int:
     torch.manual_seed(seed)
     print(f"seed={seed}")
     return seed
+
+
+@pytest.fixture
+def tuned():
+    """tuned(field=value, ...): tuning overrides (latent_moe_fusion.tuning) for the rest of the test, each call on
+    top of the last (None: back to the measured default); all undone at teardown."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **changes: stack.enter_context(tuning.overrides(**changes))

@@ -59,8 +59,8 @@ def test_routing_plan_merges_duplicates_and_drops_negatives():
 
 @pytest.mark.parametrize("layout", ["masked", "contiguous"])
 @pytest.mark.parametrize("weight_format", ["bf16", "mxfp4"])
-def test_mapping_against_fake(fake, monkeypatch, layout, weight_format):
-    monkeypatch.setenv(sm90_grouped.LAYOUT_ENV, layout)
+def test_mapping_against_fake(fake, tuned, layout, weight_format):
+    tuned(deepgemm_routed_layout=layout)
     args = make_args(m=7, e=6, latent=64, inter=64, k=4, weight_format=weight_format)
     assert select_backend("routed_experts", "cuda", *args).name == "deepgemm"
     out = sm90_grouped.routed_deepgemm(*args)
@@ -106,9 +106,7 @@ def test_sm90_routed_against_reference_op(monkeypatch, m, weight_format):
     assert torch.isfinite(out).all() and rel_l2(out, ref) < TOL
 
 
-def test_layout_switch_refuses_other_words(monkeypatch):
-    monkeypatch.setenv(sm90_grouped.LAYOUT_ENV, "maskd")
-    with pytest.raises(ValueError, match=f"{sm90_grouped.LAYOUT_ENV}='maskd': expected one of masked, contiguous"):
-        sm90_grouped.choose_layout(8)
-    monkeypatch.delenv(sm90_grouped.LAYOUT_ENV)
+def test_layout_switch_refuses_other_words(tuned):
+    with pytest.raises(ValueError, match=f"{sm90_grouped.LAYOUT_OVERRIDE}='maskd': expected one of masked, contiguous"):
+        tuned(deepgemm_routed_layout="maskd")
     assert sm90_grouped.choose_layout(8) == "masked" and sm90_grouped.choose_layout(4096) == "contiguous"

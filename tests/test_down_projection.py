@@ -1,12 +1,13 @@
 """The down-projection's kernel choice (ops/down_projection.py) and its Triton path at small sizes on CPU
-(TRITON_INTERPRET=1, set by conftest.py): float64 reference, NaN-poisoned outputs; bad knob values fail
-with the variable's name and what it accepts."""
+(TRITON_INTERPRET=1, set by conftest.py): float64 reference, NaN-poisoned outputs; bad values fail with the
+variable's (or override's) name and what it accepts."""
 
 import pytest
 import torch
 
 from latent_moe_fusion.ops.down_projection import (
     DOWN_PROJECTION_ENV,
+    KERNEL_OVERRIDE,
     TRITON_TABLE,
     parse_swap_label,
     project_down,
@@ -24,18 +25,24 @@ def test_labels_name_their_configs(cfg):
 
 
 @pytest.mark.parametrize("label, says", [
-    ("swap:16x32", "expected cublas, triton or a swap kernel label"),
-    ("tile:16x32x64/w4/st2/s1", "expected cublas, triton or a swap kernel label"),
-    ("cuBLAS", "expected cublas, triton or a swap kernel label"),
-    (" ", "expected cublas, triton or a swap kernel label"),
+    ("swap:16x32", "expected a swap kernel label"),
+    ("tile:16x32x64/w4/st2/s1", "expected a swap kernel label"),
+    ("cublas", "expected a swap kernel label"),
+    (" ", "expected a swap kernel label"),
     ("swap:24x32x64/w4/st2/s1", "block_m = 24 is not a power of two"),
     ("swap:16x32x64/w3/st2/s1", "warps = 3 is not a power of two"),
     ("swap:16x32x64/w4/st9/s1", "stages 1 .. 8"),
     ("swap:8x32x64/w4/st2/s1", "block sizes must be >= 16"),
 ])
-def test_bad_values_say_what_is_accepted(monkeypatch, label, says):
-    monkeypatch.setenv(DOWN_PROJECTION_ENV, label)
-    with pytest.raises(ValueError, match=f"{DOWN_PROJECTION_ENV}=.*{says}"):
+def test_bad_labels_say_what_is_accepted(tuned, label, says):
+    with pytest.raises(ValueError, match=f"{KERNEL_OVERRIDE}=.*{says}"):
+        tuned(down_projection_kernel=label)
+
+
+@pytest.mark.parametrize("value", ["cuBLAS", " ", "swap:16x32x64/w4/st2/s1"])
+def test_bad_variable_values_say_what_is_accepted(monkeypatch, value):
+    monkeypatch.setenv(DOWN_PROJECTION_ENV, value)
+    with pytest.raises(ValueError, match=f"{DOWN_PROJECTION_ENV}=.*expected cublas or triton, or unset"):
         triton_config(8)
 
 
@@ -49,10 +56,12 @@ def test_the_default_is_the_table_then_cublas(monkeypatch):
     assert triton_config(TRITON_TABLE[-1][0] + 1) is None
 
 
-def test_cublas_and_a_label(monkeypatch):
+def test_cublas_and_a_label(monkeypatch, tuned):
     monkeypatch.setenv(DOWN_PROJECTION_ENV, "cublas")
     assert triton_config(1) is None
-    monkeypatch.setenv(DOWN_PROJECTION_ENV, "swap:32x64x128/w4/st3/s2")
+    tuned(down_projection_kernel="swap:32x64x128/w4/st3/s2")
+    assert triton_config(1) is None  # cuBLAS: the numerics choice outranks a kernel label
+    monkeypatch.setenv(DOWN_PROJECTION_ENV, "triton")
     assert triton_config(32) == TailConfig("swap", 32, 64, 128, num_warps=4, num_stages=3, split_k=2)
     assert triton_config(33) is None  # beyond the label's block_m: cuBLAS
 

@@ -4,7 +4,7 @@ gives (checked without a GPU) and the switch that turns the path off."""
 import pytest
 import torch
 
-from latent_moe_fusion.ops.gluon_kernels import ENV_SWITCH, regs_path_reason
+from latent_moe_fusion.ops.gluon_kernels import REGS_OVERRIDE, regs_path_reason
 from latent_moe_fusion.ops.mxfp4 import quantize_mxfp4
 
 
@@ -14,35 +14,32 @@ def _weights(e=2, latent=256, inter=128):
     return w13, s13, w2, s2
 
 
-def test_reasons_without_a_gpu(monkeypatch):
+def test_reasons_without_a_gpu(monkeypatch, tuned):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.delenv(ENV_SWITCH, raising=False)
     w13, s13, w2, s2 = _weights()
     z = torch.randn(3, 256, dtype=torch.bfloat16)
     assert "sm_90" in regs_path_reason(z, w13, w2, s13, s2, "mxfp4", 16)
     assert "MXFP4" in regs_path_reason(z, w13, w2, None, None, "bf16", 16)
-    monkeypatch.setenv(ENV_SWITCH, "0")
-    assert ENV_SWITCH in regs_path_reason(z, w13, w2, s13, s2, "mxfp4", 16)
-    monkeypatch.setenv(ENV_SWITCH, "1")
+    tuned(mxfp4_regs=False)
+    assert f"{REGS_OVERRIDE}=False" in regs_path_reason(z, w13, w2, s13, s2, "mxfp4", 16)
+    tuned(mxfp4_regs=True)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert "TRITON_INTERPRET" in regs_path_reason(z, w13, w2, s13, s2, "mxfp4", 16)
 
 
-def test_shared_strategy_by_tokens_and_override(monkeypatch):
+def test_shared_strategy_by_tokens_and_override(tuned):
     from latent_moe_fusion.ops.triton_kernels import expert_schedule as es
 
-    monkeypatch.delenv(es.SHARED_ENV, raising=False)
     assert es.shared_strategy(1) == es.shared_strategy(es.SHARED_SIDE_MAX_TOKENS) == "side"
     assert es.shared_strategy(es.SHARED_SIDE_MAX_TOKENS + 1) == "cublas_side"
     assert es.shared_strategy(es.SHARED_CUBLAS_SIDE_MAX_TOKENS) == "cublas_side"
     assert es.shared_strategy(es.SHARED_CUBLAS_SIDE_MAX_TOKENS + 1) == "cublas"
-    monkeypatch.setenv(es.SHARED_ENV, "cublas_side")
+    tuned(regs_shared="cublas_side")
     assert es.shared_strategy(1) == "cublas_side"
-    monkeypatch.setenv(es.SHARED_ENV, "side")
+    tuned(regs_shared="side")
     assert es.shared_strategy(500) == "side"
-    monkeypatch.setenv(es.SHARED_ENV, "overlap")
-    with pytest.raises(ValueError, match="LMF_REGS_SHARED='overlap'.*side, cublas, cublas_side"):
-        es.shared_strategy(1)
+    with pytest.raises(ValueError, match="regs_shared='overlap'.*side, cublas, cublas_side"):
+        tuned(regs_shared="overlap")
 
 
 def test_k_slices_must_be_whole_steps():
@@ -84,19 +81,18 @@ def test_shared_expert_by_library_with_merged_or_separate_gate_up(merged):
     assert rel_l2(out, ref) < tolerance(torch.bfloat16)
 
 
-def test_weight_rings_by_pairs_and_by_override(monkeypatch):
+def test_weight_rings_by_pairs_and_by_override(tuned):
     """The measured ring choice (L2 leaves the TMA ring past L2_TMA_MAX_PAIRS), the override in one or two
     names, and the loads where a ring cannot run: K ranges short of whole rounds, K slices."""
-    from latent_moe_fusion.ops.gluon_kernels import L2_TMA_MAX_PAIRS, RING_ENV, ring_for, weight_rings
+    from latent_moe_fusion.ops.gluon_kernels import L2_TMA_MAX_PAIRS, ring_for, weight_rings
 
-    monkeypatch.delenv(RING_ENV, raising=False)
     assert weight_rings(128) == ("tma", "tma")
     assert weight_rings(L2_TMA_MAX_PAIRS + 1) == ("tma", "cp4")
     assert weight_rings(L2_TMA_MAX_PAIRS + 1, 64) == weight_rings(65536, 64) == ("tma", "tma")  # 64-row blocks
-    monkeypatch.setenv(RING_ENV, "cp2")
+    tuned(mxfp4_ring="cp2")
     assert weight_rings(65536, 64) == ("cp2", "cp2")
     assert weight_rings(128) == ("cp2", "cp2")
-    monkeypatch.setenv(RING_ENV, "loads,cp4")
+    tuned(mxfp4_ring="loads,cp4")
     assert weight_rings(4096) == ("loads", "cp4")
     assert ring_for("tma", 28, 1) == "tma" and ring_for("cp2", 14, 1) == "cp2"
     assert ring_for("tma", 14, 1) == "loads" and ring_for("cp4", 7, 1) == "loads"
@@ -104,31 +100,28 @@ def test_weight_rings_by_pairs_and_by_override(monkeypatch):
 
 
 @pytest.mark.parametrize("value", ["tma,cp4,loads", "fast", "tma,", "4"])
-def test_a_bad_ring_override_says_what_it_takes(value, monkeypatch):
-    from latent_moe_fusion.ops.gluon_kernels import RING_ENV, ring_for, weight_rings
+def test_a_bad_ring_override_says_what_it_takes(value, tuned):
+    from latent_moe_fusion.ops.gluon_kernels import RING_OVERRIDE, ring_for
 
-    monkeypatch.setenv(RING_ENV, value)
-    with pytest.raises(ValueError, match=f"{RING_ENV}=.*expected one of loads, cp2, cp4, tma"):
-        weight_rings(8)
+    with pytest.raises(ValueError, match=f"{RING_OVERRIDE}=.*expected one of loads, cp2, cp4, tma"):
+        tuned(mxfp4_ring=value)
     with pytest.raises(ValueError, match="unknown weight ring 'fast'"):
         ring_for("fast", 28, 1)
 
 
 @pytest.mark.parametrize("value", ["soon", "Late", "early,late"])
-def test_a_bad_load_order_says_what_it_takes(value, monkeypatch):
-    from latent_moe_fusion.ops.gluon_kernels import LOAD_ORDER_ENV, load_order
+def test_a_bad_load_order_says_what_it_takes(value, tuned):
+    from latent_moe_fusion.ops.gluon_kernels import LOAD_ORDER_OVERRIDE
 
-    monkeypatch.setenv(LOAD_ORDER_ENV, value)
-    with pytest.raises(ValueError, match=f"{LOAD_ORDER_ENV}=.*expected one of auto, early, late"):
-        load_order()
+    with pytest.raises(ValueError, match=f"{LOAD_ORDER_OVERRIDE}=.*expected one of auto, early, late"):
+        tuned(mxfp4_load_order=value)
 
 
-def test_the_load_order_defaults_to_auto(monkeypatch):
-    from latent_moe_fusion.ops.gluon_kernels import LOAD_ORDER_ENV, load_order
+def test_the_load_order_defaults_to_auto(tuned):
+    from latent_moe_fusion.ops.gluon_kernels import load_order
 
-    monkeypatch.delenv(LOAD_ORDER_ENV, raising=False)
     assert load_order() == "auto"
-    monkeypatch.setenv(LOAD_ORDER_ENV, "late")
+    tuned(mxfp4_load_order="late")
     assert load_order() == "late"
 
 
@@ -144,27 +137,25 @@ def test_the_kernel_modules_leave_the_package_functions_alone():
 
 
 @pytest.mark.parametrize("value", ["12", "12,auto", "300,80", "auto,many", "128,80,64", "128,"])
-def test_a_bad_register_cap_says_what_it_takes(value, monkeypatch):
-    from latent_moe_fusion.ops.gluon_kernels import MAXNREG_ENV, max_registers
+def test_a_bad_register_cap_says_what_it_takes(value, tuned):
+    from latent_moe_fusion.ops.gluon_kernels import MAXNREG_OVERRIDE
 
-    monkeypatch.setenv(MAXNREG_ENV, value)
-    with pytest.raises(ValueError, match=f"{MAXNREG_ENV}=.*expected L1,L2"):
-        max_registers("l1", "tma")
+    with pytest.raises(ValueError, match=f"{MAXNREG_OVERRIDE}=.*expected L1,L2"):
+        tuned(mxfp4_maxnreg=value)
 
 
-def test_the_register_caps_follow_the_override(monkeypatch):
-    from latent_moe_fusion.ops.gluon_kernels import L1_MAX_REGISTERS, L2_MAX_REGISTERS, MAXNREG_ENV, max_registers
+def test_the_register_caps_follow_the_override(tuned):
+    from latent_moe_fusion.ops.gluon_kernels import L1_MAX_REGISTERS, L2_MAX_REGISTERS, max_registers
 
-    monkeypatch.delenv(MAXNREG_ENV, raising=False)
     assert (max_registers("l1", "tma"), max_registers("l1", "cp"), max_registers("l2", "tma")) == (
         None, L1_MAX_REGISTERS, L2_MAX_REGISTERS)
     assert [max_registers(k, r, 64) for k in ("l1", "l2") for r in ("tma", "cp", "loads")] == [None] * 6  # 64 rows
-    monkeypatch.setenv(MAXNREG_ENV, "128,none")
+    tuned(mxfp4_maxnreg="128,none")
     assert (max_registers("l1", "tma", 64), max_registers("l2", "cp", 64)) == (128, None)  # the override wins
     assert (max_registers("l1", "tma"), max_registers("l2", "cp")) == (128, None)
-    monkeypatch.setenv(MAXNREG_ENV, "none")
+    tuned(mxfp4_maxnreg="none")
     assert (max_registers("l1", "cp"), max_registers("l2", "tma")) == (None, None)
-    monkeypatch.setenv(MAXNREG_ENV, "auto,96")
+    tuned(mxfp4_maxnreg="auto,96")
     assert (max_registers("l1", "tma"), max_registers("l1", "loads"), max_registers("l2", "tma")) == (
         None, L1_MAX_REGISTERS, 96)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import latent_moe_fusion as lmf
-from latent_moe_fusion.ops.pdl import PDL_ENV
+from latent_moe_fusion import tuning
 
 pytestmark = pytest.mark.gpu
 
@@ -44,17 +44,16 @@ def _capture(fn, static_x):
     return graph, out
 
 
-@pytest.mark.parametrize("m,routed_gemv", [(1, ""), (1, "0"), (8, ""), (32, "")])
-def test_graph_with_pdl_is_bitwise_the_graph_without(block, fused, m, routed_gemv, monkeypatch):
-    """routed_gemv "0": a token's routed experts on the MMA kernels, whose L2 is the routed PDL site."""
+@pytest.mark.parametrize("m,routed_gemv", [(1, None), (1, False), (8, None), (32, None)])
+def test_graph_with_pdl_is_bitwise_the_graph_without(block, fused, m, routed_gemv, tuned):
+    """routed_gemv False: a token's routed experts on the MMA kernels, whose L2 is the routed PDL site."""
     fn, fpass = fused
-    if routed_gemv:
-        monkeypatch.setenv("LMF_ROUTED_GEMV", routed_gemv)
+    tuned(routed_gemv=routed_gemv)
     static_x = torch.randn(m, block.cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
-    monkeypatch.setenv(PDL_ENV, "none")
+    tuned(pdl_sites="none")
     plain, plain_out = _capture(fn, static_x)
     assert fpass.report.matched == 1, fpass.report
-    monkeypatch.setenv(PDL_ENV, "all")
+    tuned(pdl_sites="all")
     dependent, dependent_out = _capture(fn, static_x)
     for _ in range(REPLAYS):
         static_x.copy_(torch.randn_like(static_x))
@@ -67,19 +66,18 @@ def test_graph_with_pdl_is_bitwise_the_graph_without(block, fused, m, routed_gem
 
 
 @pytest.mark.parametrize("m", (1, 8))
-def test_eager_ops_with_pdl_see_their_inputs_written_just_before(block, m, monkeypatch):
+def test_eager_ops_with_pdl_see_their_inputs_written_just_before(block, m):
     """The tail launched right after a kernel that rewrites its input, outside graphs."""
     w_up = block.w_up
     y_n = torch.randn(m, w_up.shape[1], device="cuda", dtype=torch.bfloat16)
     ws = torch.randn(1, m, w_up.shape[0], device="cuda", dtype=torch.bfloat16)
-    monkeypatch.setenv(PDL_ENV, "none")
     for _ in range(20):
         fresh = torch.randn_like(y_n)
         y_n.copy_(fresh)
-        monkeypatch.setenv(PDL_ENV, "none")
-        ref = torch.ops.lmf.latent_tail(y_n, w_up, ws, "local", None)
+        with tuning.overrides(pdl_sites="none"):
+            ref = torch.ops.lmf.latent_tail(y_n, w_up, ws, "local", None)
         y_n.zero_()
         y_n.add_(fresh)  # the kernel the dependent tail follows writes its input
-        monkeypatch.setenv(PDL_ENV, "all")
-        out = torch.ops.lmf.latent_tail(y_n, w_up, ws, "local", None)
+        with tuning.overrides(pdl_sites="all"):
+            out = torch.ops.lmf.latent_tail(y_n, w_up, ws, "local", None)
         assert torch.equal(out, ref)

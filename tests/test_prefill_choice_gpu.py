@@ -1,4 +1,4 @@
-"""Routed MXFP4 experts beyond decode on sm_90 under LMF_PREFILL_REGS=choice (the policy before the staged kernels,
+"""Routed MXFP4 experts beyond decode on sm_90 under the prefill_regs override "choice" (the policy before the staged kernels,
 kept to compare): the grouping picks the 64-row register-dequant blocks or the Triton tiles on the GPU by the local
 experts' rows (pytest -m gpu). Against the float64 reference and the forced paths (bitwise:
 the same kernels on the same blocks), every output written, and under CUDA-graph capture the pick follows the
@@ -15,7 +15,6 @@ from latent_moe_fusion.ops.triton_kernels.producer_config import (
     PREFILL_CHOICE_MAX_ROWS,
     PREFILL_CHOICE_SETTING,
     PREFILL_REGS_BLOCK_M,
-    PREFILL_REGS_ENV,
     PREFILL_REGS_MAX_ROWS,
 )
 from tests.expert_problems import make_problem, rel_l2, tolerance
@@ -53,48 +52,48 @@ def _problem(routing: str):
     return p
 
 
-def _run(p, monkeypatch, setting: str) -> torch.Tensor:
-    monkeypatch.setenv(PREFILL_REGS_ENV, setting)
+def _run(p, tuned, setting: str) -> torch.Tensor:
+    tuned(prefill_regs=setting)
     out = torch.full_like(p.z, float("nan"))
     return run_experts(*p.routed_args(), out=out)
 
 
 @pytest.mark.parametrize("routing,picks_regs", [("ep_share", True), ("all_local", False)])
-def test_the_gpu_picks_by_local_rows_and_matches_the_forced_path(routing, picks_regs, monkeypatch, rng_seed):
+def test_the_gpu_picks_by_local_rows_and_matches_the_forced_path(routing, picks_regs, tuned, rng_seed):
     p = _problem(routing)
-    monkeypatch.setenv(PREFILL_REGS_ENV, CHOICE)
+    tuned(prefill_regs=CHOICE)
     choice = planned_grouping(p.z, p.topk_ids, p.w13, p.w2, "mxfp4", p.w13_scale, p.w2_scale)
     assert isinstance(choice, GroupingChoice) and int(choice.picked_small.item()) == int(picks_regs)
-    y = _run(p, monkeypatch, CHOICE)
+    y = _run(p, tuned, CHOICE)
     assert torch.isfinite(y).all()  # every element written over the NaN poison
     assert rel_l2(y, routed64(*p.routed_args())) < tolerance(torch.bfloat16)
-    forced = _run(p, monkeypatch, REGS if picks_regs else "0")
+    forced = _run(p, tuned, REGS if picks_regs else "0")
     assert torch.equal(y, forced)  # the same kernels on the same blocks
-    assert torch.equal(_run(p, monkeypatch, CHOICE), y)  # bitwise repeatable
+    assert torch.equal(_run(p, tuned, CHOICE), y)  # bitwise repeatable
 
 
-def test_a_given_grouping_choice_is_used(monkeypatch, rng_seed):
+def test_a_given_grouping_choice_is_used(tuned, rng_seed):
     p = _problem("ep_share")
-    monkeypatch.setenv(PREFILL_REGS_ENV, CHOICE)
+    tuned(prefill_regs=CHOICE)
     choice = planned_grouping(p.z, p.topk_ids, p.w13, p.w2, "mxfp4", p.w13_scale, p.w2_scale)
     y = run_experts(*p.routed_args(), grouping=choice)
-    assert torch.equal(y, _run(p, monkeypatch, CHOICE))
+    assert torch.equal(y, _run(p, tuned, CHOICE))
     plain = planned_grouping(p.z, p.topk_ids, p.w13, p.w2, "mxfp4")  # no scales: planned as plain Triton blocks
     with pytest.raises(ValueError, match="picks on the GPU .*scales included"):
         run_experts(*p.routed_args(), grouping=plain)
 
 
-def test_the_pick_follows_the_replayed_ids_in_a_cuda_graph(monkeypatch, rng_seed):
+def test_the_pick_follows_the_replayed_ids_in_a_cuda_graph(tuned, rng_seed):
     p = _problem("ep_share")
-    monkeypatch.setenv(PREFILL_REGS_ENV, CHOICE)
+    tuned(prefill_regs=CHOICE)
     graph, out = capture_routed(p)
     for routing, forced in (("all_local", "0"), ("ep_share", REGS)):  # captured on an EP share: both picks replay
         replay_on(graph, out, p, _problem(routing))
-        assert torch.equal(out, _run(p, monkeypatch, forced)), routing
+        assert torch.equal(out, _run(p, tuned, forced)), routing
         assert rel_l2(out, p.reference_routed()) < tolerance(torch.bfloat16)
 
 
-def test_opcheck_where_the_gpu_picks(monkeypatch, rng_seed):
-    monkeypatch.setenv(PREFILL_REGS_ENV, CHOICE)
+def test_opcheck_where_the_gpu_picks(tuned, rng_seed):
+    tuned(prefill_regs=CHOICE)
     p = _problem("ep_share")
     torch.library.opcheck(torch.ops.lmf.routed_experts.default, p.routed_args())

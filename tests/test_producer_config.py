@@ -65,10 +65,9 @@ def test_explicit_tma_config_on_an_unfit_weight_is_kept_and_refused_at_launch(sm
 @pytest.fixture
 def hopper(sm90, monkeypatch):
     monkeypatch.setattr(producer_config, "_is_hopper", lambda: True)
-    monkeypatch.delenv("LMF_MXFP4_REGS", raising=False)
 
 
-def test_routed_regs_for_mxfp4_on_hopper_while_experts_hold_few_rows(hopper, monkeypatch):
+def test_routed_regs_for_mxfp4_on_hopper_while_experts_hold_few_rows(hopper, monkeypatch, tuned):
     def pick(pairs, fmt="mxfp4", experts=LOCAL_EXPERTS):
         cfg = producer_config.pick_config(pairs, fmt, torch.bfloat16, experts)
         return cfg.routed_regs, cfg.bm
@@ -76,7 +75,6 @@ def test_routed_regs_for_mxfp4_on_hopper_while_experts_hold_few_rows(hopper, mon
     def choice_bm(pairs, fmt="mxfp4"):
         return producer_config.pick_config(pairs, fmt, torch.bfloat16, LOCAL_EXPERTS).device_choice_bm
 
-    monkeypatch.delenv(producer_config.PREFILL_REGS_ENV, raising=False)
     assert pick(16) == (True, 16)  # decode: 16-row blocks (a single token: its K-sliced bf16 kernels) ...
     assert pick(32 * 16) == (True, producer_config.FP8_BLOCK_M)  # ... 8 rows on the FP8 L1 (LMF_ROUTED_FP8 default)
     monkeypatch.setenv(producer_config.ROUTED_FP8_ENV, "0")
@@ -90,7 +88,7 @@ def test_routed_regs_for_mxfp4_on_hopper_while_experts_hold_few_rows(hopper, mon
     staged = producer_config.PREFILL_STAGED_MIN_ROWS * LOCAL_EXPERTS  # pairs, were every one local: M = 3584
     assert pick(staged) == (True, 64) and pick(staged + 16) == pick(4096 * 16) == (True, 128)  # the staged blocks
     assert pick(32768 * 16) == pick(10**6 * 16) == (True, 128) and choice_bm(32768 * 16) == 0  # at any size
-    monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, producer_config.PREFILL_CHOICE_SETTING)  # the policy before
+    tuned(prefill_regs=producer_config.PREFILL_CHOICE_SETTING)  # the policy before
     assert pick(few + 16) == pick(4096 * 16) == (True, 64)
     most = producer_config.PREFILL_REGS_MAX_ROWS * LOCAL_EXPERTS  # pairs, were every one local: M = 28672 at top-16
     assert pick(most) == (True, producer_config.PREFILL_REGS_BLOCK_M) == (True, 64)
@@ -99,19 +97,17 @@ def test_routed_regs_for_mxfp4_on_hopper_while_experts_hold_few_rows(hopper, mon
     assert choice_bm(most + 16) == choice_bm(32768 * 16) == choice and choice_bm(most) == choice_bm(2048) == 0
     assert choice_bm(most + 16, fmt="bf16") == 0
     assert pick(16, fmt="bf16")[0] is False
-    monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, "0")  # the Triton tiles beyond the decode blocks
+    tuned(prefill_regs=0)  # the Triton tiles beyond the decode blocks
     assert pick(64 * 16, experts=16) == (False, 64) and pick(512 * 16) == (False, 128)
     assert choice_bm(32768 * 16) == 0  # forced: no choice on the GPU
     assert pick(16) == (True, 16)  # decode blocks are not its business
     for rows in ("16", "32", "64", "128"):  # regs blocks of these rows at any size
-        monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, rows)
+        tuned(prefill_regs=rows)
         assert pick(32768 * 16) == (True, int(rows)) and pick(64 * 16, experts=16) == (True, int(rows))
-    monkeypatch.setenv(producer_config.PREFILL_REGS_ENV, "256")
-    with pytest.raises(ValueError, match="LMF_PREFILL_REGS='256': expected 0 .*, a block of 16 or 32 or 64 or 128 rows"
+    with pytest.raises(ValueError, match="prefill_regs='256': expected 0 .*, a block of 16 or 32 or 64 or 128 rows"
                                          ".*'choice'"):
-        pick(8192 * 16)
-    monkeypatch.delenv(producer_config.PREFILL_REGS_ENV)
-    monkeypatch.setenv("LMF_MXFP4_REGS", "0")
+        tuned(prefill_regs="256")
+    tuned(prefill_regs=None, mxfp4_regs=False)
     assert pick(16)[0] is False and pick(512 * 16) == (False, 128) and choice_bm(32768 * 16) == 0
 
 
@@ -131,24 +127,22 @@ def test_a_given_regs_config_that_cannot_run_says_why():
         expert_schedule.run_experts(*p.routed_args(), config=cfg)
 
 
-def test_regs_k_slices_for_a_single_token_by_default_and_anywhere_by_override(hopper, monkeypatch):
-    monkeypatch.delenv(producer_config.REGS_SPLIT_ENV, raising=False)
+def test_regs_k_slices_for_a_single_token_by_default_and_anywhere_by_override(hopper, tuned):
 
     def split(pairs):
         return producer_config.pick_config(pairs, "mxfp4", torch.bfloat16, LOCAL_EXPERTS).regs_split
 
     assert split(16) == producer_config.REGS_DECODE_SPLIT
     assert split(2 * 16) == (1, 1) and split(128 * 16) == (1, 1)
-    monkeypatch.setenv(producer_config.REGS_SPLIT_ENV, "3,2")
+    tuned(regs_split="3,2")
     assert split(16) == (3, 2) and split(8 * 16) == (3, 2) and split(128 * 16) == (3, 2)
 
 
 @pytest.mark.parametrize("forced,match", [("4", "two slice counts"), ("a,b", "two slice counts"),
                                           ("0,2", ">= 1")])
-def test_regs_split_override_rejects_bad_values(hopper, monkeypatch, forced, match):
-    monkeypatch.setenv(producer_config.REGS_SPLIT_ENV, forced)
-    with pytest.raises(ValueError, match=f"LMF_REGS_SPLIT.*{match}"):
-        producer_config.pick_config(16, "mxfp4", torch.bfloat16, LOCAL_EXPERTS)
+def test_regs_split_override_rejects_bad_values(hopper, tuned, forced, match):
+    with pytest.raises(ValueError, match=f"regs_split.*{match}"):
+        tuned(regs_split=forced)
 
 
 def test_regs_split_must_be_two_positive_counts():
@@ -159,16 +153,15 @@ def test_regs_split_must_be_two_positive_counts():
         producer_config.ProducerConfig(base.bm, base.l1, base.l2, regs_split=(2,))
 
 
-def test_resolved_configs_are_memoised_and_follow_the_environment(sm90, monkeypatch):
-    """resolve_config caches its answer (host time per call); a change of any variable pick_config
+def test_resolved_configs_are_memoised_and_follow_the_environment(sm90, monkeypatch, tuned):
+    """resolve_config caches its answer (host time per call); a change of any variable or override pick_config
     reads, or of the weights' layout, must still change it."""
     w13, w2 = _mxfp4_weights(True)
     z = torch.zeros(1, 128, dtype=torch.bfloat16)
-    monkeypatch.delenv(producer_config.SHARED_TILES_ENV, raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     first = expert_schedule.resolve_config(z, 16, 2, "mxfp4", 64, None, None, w13, w2)
     assert expert_schedule.resolve_config(z, 16, 2, "mxfp4", 64, None, None, w13, w2) is first
-    monkeypatch.setenv(producer_config.SHARED_TILES_ENV, "16x128")
+    tuned(producer_decode_shared_tiles="16x128")
     narrow = expert_schedule.resolve_config(z, 16, 2, "mxfp4", 64, None, None, w13, w2)
     assert narrow.l1.bn_shared == 16 and first.l1.bn_shared != 16
     unfit, _ = _mxfp4_weights(False)
@@ -176,20 +169,21 @@ def test_resolved_configs_are_memoised_and_follow_the_environment(sm90, monkeypa
 
 
 def test_config_context_covers_every_variable_pick_config_reads():
-    """The memo key (config_context) must list each environment variable producer_config reads."""
+    """The memo key (config_context) must list each environment variable and tuning override producer_config
+    reads (and those of the functions it calls in other modules: regs_switched_off, routed_gemv_setting)."""
     import inspect
     import re
 
     source = inspect.getsource(producer_config)
-    read = set(re.findall(r'os\.environ\.get\(([A-Z][A-Z0-9_]*|"[A-Z][A-Z0-9_]*")', source))
+    read = set(re.findall(r'envs\.(?:read|is_set)\(([A-Z][A-Z0-9_]*|"[A-Z][A-Z0-9_]*")', source))
     names = {r.strip('"') if r.startswith('"') else getattr(producer_config, r) for r in read}
     assert names <= set(producer_config.CONFIG_ENVS), names - set(producer_config.CONFIG_ENVS)
+    knobs = set(re.findall(r"(?:tuning\.current\(\)|knobs)\.([a-z_0-9]+)", source))
+    assert knobs <= set(producer_config.CONFIG_OVERRIDES), knobs - set(producer_config.CONFIG_OVERRIDES)
+    assert {"mxfp4_regs", "routed_gemv"} <= set(producer_config.CONFIG_OVERRIDES)
 
 
-def test_single_token_shared_programs_beside_the_regs_kernels(hopper, monkeypatch):
-    for env in (producer_config.SHARED_SPLIT_ENV, producer_config.SHARED_TILES_ENV,
-                producer_config.SHARED_L2_ROWS_ENV, producer_config.SHARED_L2_K_ENV):
-        monkeypatch.delenv(env, raising=False)
+def test_single_token_shared_programs_beside_the_regs_kernels(hopper, tuned):
 
     def tiles(pairs):
         cfg = producer_config.pick_config(pairs, "mxfp4", torch.bfloat16, LOCAL_EXPERTS)
@@ -201,22 +195,17 @@ def test_single_token_shared_programs_beside_the_regs_kernels(hopper, monkeypatc
     assert tiles(2 * 16) == (producer_config.FEW_TOKENS_SHARED_SPLIT,) + single[1:]  # two tokens: more K slices
     assert tiles(4 * 16) == single  # up to 4 tokens (the routed GEMV's): a token's shapes
     assert tiles(8 * 16) == (1, producer_config.DECODE_SHARED_TILES, 64, 32)  # more tokens: as before
-    monkeypatch.setenv("LMF_ROUTED_GEMV", "0")
+    tuned(routed_gemv=False)
     assert tiles(4 * 16) == (1, producer_config.DECODE_SHARED_TILES, 64, 32)  # the MMA kernels' few tokens
-    monkeypatch.delenv("LMF_ROUTED_GEMV")
-    monkeypatch.setenv(producer_config.SHARED_SPLIT_ENV, "2")
-    monkeypatch.setenv(producer_config.SHARED_L2_ROWS_ENV, "32")
-    monkeypatch.setenv(producer_config.SHARED_L2_K_ENV, "128")
+    tuned(routed_gemv=None, producer_shared_split="2", producer_shared_l2_rows=32, producer_shared_l2_k="128")
     assert tiles(16)[0] == 2 and tiles(16)[2:] == (32, 128) and tiles(4 * 16)[0] == 2 and tiles(8 * 16)[0] == 1
 
 
-@pytest.mark.parametrize("env", ["LMF_PRODUCER_SHARED_SPLIT", "LMF_PRODUCER_SHARED_L2_ROWS",
-                                 "LMF_PRODUCER_SHARED_L2_K"])
+@pytest.mark.parametrize("knob", ["producer_shared_split", "producer_shared_l2_rows", "producer_shared_l2_k"])
 @pytest.mark.parametrize("forced", ["3", "x", "0"])
-def test_shared_program_overrides_reject_bad_values(hopper, monkeypatch, env, forced):
-    monkeypatch.setenv(env, forced)
-    with pytest.raises(ValueError, match=f"{env}='{forced}': expected a power of two"):
-        producer_config.pick_config(16, "mxfp4", torch.bfloat16, LOCAL_EXPERTS)
+def test_shared_program_overrides_reject_bad_values(hopper, tuned, knob, forced):
+    with pytest.raises(ValueError, match=f"{knob}='{forced}': expected a power of two"):
+        tuned(**{knob: forced})
 
 
 def _launch_order_beside_the_regs_kernels(monkeypatch, tokens: int) -> dict:
@@ -273,7 +262,6 @@ def test_shared_grids_beside_the_regs_kernels_get_int32_index_tensors(monkeypatc
     """Beside the register-dequant kernels a single token's grouping runs after the shared expert's
     launches; the Triton grids then get placeholder index tensors, which must still be int32 (they are
     compiled with them)."""
-    monkeypatch.delenv(expert_schedule.GROUP_FIRST_ENV, raising=False)
     launched = _launch_order_beside_the_regs_kernels(monkeypatch, 1)
     assert list(launched) == ["l1", "l2", "grouping", "routed_l1", "routed_l2"], list(launched)
     for name in ("l1", "l2"):
@@ -282,14 +270,13 @@ def test_shared_grids_beside_the_regs_kernels_get_int32_index_tensors(monkeypatc
     assert launched["routed_l1"][3].dtype == torch.int32  # the real grouping, launched after the side stream's work
 
 
-@pytest.mark.parametrize(("tokens", "forced", "first"), [(2, "", True), (1, "1", True), (2, "0", False)])
-def test_grouping_goes_first_from_two_tokens_on(monkeypatch, tokens, forced, first):
-    monkeypatch.setenv(expert_schedule.GROUP_FIRST_ENV, forced)
+@pytest.mark.parametrize(("tokens", "forced", "first"), [(2, None, True), (1, True, True), (2, False, False)])
+def test_grouping_goes_first_from_two_tokens_on(monkeypatch, tuned, tokens, forced, first):
+    tuned(group_first=forced)
     order = list(_launch_order_beside_the_regs_kernels(monkeypatch, tokens))
     assert (order.index("grouping") < order.index("l1")) == first, order
 
 
-def test_grouping_order_override_rejects_other_values(monkeypatch):
-    monkeypatch.setenv(expert_schedule.GROUP_FIRST_ENV, "yes")
-    with pytest.raises(ValueError, match="LMF_GROUP_FIRST='yes'"):
-        _launch_order_beside_the_regs_kernels(monkeypatch, 1)
+def test_grouping_order_override_rejects_other_values(tuned):
+    with pytest.raises(ValueError, match="group_first='yes'"):
+        tuned(group_first="yes")

@@ -8,7 +8,6 @@ import torch
 from latent_moe_fusion.ops.backends import select_backend
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import SharedExpert, run_experts
 from latent_moe_fusion.ops.triton_kernels.producer_config import (
-    PREFILL_REGS_ENV,
     GemmTiles,
     ProducerConfig,
     pick_config,
@@ -40,12 +39,12 @@ def _poisoned_run(p, config=None, shared=True):
 @pytest.mark.parametrize("weight_format", ["bf16", "mxfp4"])
 @pytest.mark.parametrize("routing", ["random", "one_expert", "few_experts", "none"])
 # MXFP4 on Hopper: 300 * 16 pairs (150 per expert were every pair local) and 600 * 16 the register-dequant kernels'
-# 64-row blocks by default, their 32-row blocks with LMF_PREFILL_REGS=32, the Triton prefill tiles (BM = 128) with
-# LMF_PREFILL_REGS=0; 600: the spread grouping
-@pytest.mark.parametrize("m, prefill_regs", [(1, ""), (13, ""), (300, ""), (600, ""), (300, "0"), (600, "0"),
-                                             (600, "32")])
-def test_routed_op_matches_reference(weight_format, routing, m, prefill_regs, monkeypatch, rng_seed):
-    monkeypatch.setenv(PREFILL_REGS_ENV, prefill_regs)
+# 64-row blocks by default, their 32-row blocks with prefill_regs=32, the Triton prefill tiles (BM = 128) with
+# prefill_regs=0 (tuning overrides); 600: the spread grouping
+@pytest.mark.parametrize("m, prefill_regs", [(1, None), (13, None), (300, None), (600, None), (300, 0), (600, 0),
+                                             (600, 32)])
+def test_routed_op_matches_reference(weight_format, routing, m, prefill_regs, tuned, rng_seed):
+    tuned(prefill_regs=prefill_regs)
     p = make_problem(m, weight_format=weight_format, routing=routing, device="cuda", **MID)
     assert select_backend("routed_experts", "cuda", *p.routed_args()).name == "triton"
     y = torch.ops.lmf.routed_experts(*p.routed_args())
@@ -214,17 +213,17 @@ def test_out_of_range_ids_on_cuda_raise_after_the_deferred_check(op, rng_seed):
 
 
 @pytest.mark.parametrize("routing", ["random", "few_experts"])
-def test_in_line_shared_gemms_first_or_after_l1_give_the_same_bits(routing, monkeypatch, rng_seed):
+def test_in_line_shared_gemms_first_or_after_l1_give_the_same_bits(routing, tuned, rng_seed):
     """At prefill sizes the producer launches its library shared GEMMs before the routed grouping (the default) or
     after the routed L1: the same kernels on one stream, so the same bits; both within tolerance of the reference."""
-    from latent_moe_fusion.ops.triton_kernels.expert_schedule import SHARED_IN_LINE_ENV, in_line_library_first
+    from latent_moe_fusion.ops.triton_kernels.expert_schedule import in_line_library_first
 
     p = make_problem(300, weight_format="mxfp4", routing=routing, device="cuda", **KIMI_RANK)
     outs = {}
     for order in ("first", "after_l1"):
-        monkeypatch.setenv(SHARED_IN_LINE_ENV, order)
+        tuned(shared_in_line=order)
         outs[order] = torch.ops.lmf.moe_shared_producer(*p.producer_args())
-    monkeypatch.delenv(SHARED_IN_LINE_ENV)
+    tuned(shared_in_line=None)
     assert in_line_library_first(300)
     assert all(torch.equal(a, b) for a, b in zip(outs["first"], outs["after_l1"], strict=True))
     y_ref, s_ref = p.reference_producer()

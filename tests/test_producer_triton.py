@@ -79,18 +79,17 @@ def test_supports_names_the_problem():
 
 
 @pytest.mark.parametrize("value", ["16", "16x", "axb", "24x128", "8x128"])
-def test_shared_tile_override_rejects_bad_values(monkeypatch, value):
-    from latent_moe_fusion.ops.triton_kernels.producer_config import SHARED_TILES_ENV, decode_shared_tiles
+def test_shared_tile_override_rejects_bad_values(tuned, value):
+    from latent_moe_fusion.ops.triton_kernels.producer_config import SHARED_TILES_OVERRIDE
 
-    monkeypatch.setenv(SHARED_TILES_ENV, value)
-    with pytest.raises(ValueError, match=SHARED_TILES_ENV):
-        decode_shared_tiles()
+    with pytest.raises(ValueError, match=SHARED_TILES_OVERRIDE):
+        tuned(producer_decode_shared_tiles=value)
 
 
-def test_shared_tile_override_is_read(monkeypatch):
-    from latent_moe_fusion.ops.triton_kernels.producer_config import SHARED_TILES_ENV, decode_shared_tiles
+def test_shared_tile_override_is_read(tuned):
+    from latent_moe_fusion.ops.triton_kernels.producer_config import decode_shared_tiles
 
-    monkeypatch.setenv(SHARED_TILES_ENV, "16x128")
+    tuned(producer_decode_shared_tiles="16x128")
     assert decode_shared_tiles() == (16, 128)
 
 
@@ -154,13 +153,12 @@ def test_split_k_must_be_positive():
 
 
 @pytest.mark.parametrize("weight_format", ["bf16", "mxfp4"])
-def test_shared_expert_by_library_between_the_routed_grids(weight_format, monkeypatch, rng_seed):
-    """LMF_GRID_SHARED=cublas: the routed grids run alone and the shared expert as library GEMMs, launched
+def test_shared_expert_by_library_between_the_routed_grids(weight_format, monkeypatch, tuned, rng_seed):
+    """grid_shared="cublas": the routed grids run alone and the shared expert as library GEMMs, launched
     after the routed L1 (so that their host time overlaps L1 outside CUDA graphs); the fragments and the
     normalised routed output match the reference and the one-grid path."""
     from latent_moe_fusion.ops.triton_kernels import expert_schedule as es
 
-    GRID_SHARED_ENV = es.GRID_SHARED_ENV
     p = make_problem(9, weight_format=weight_format, routing="few_experts", device=DEVICE, **SIZES)
     launches = []
 
@@ -193,10 +191,10 @@ def test_shared_expert_by_library_between_the_routed_grids(weight_format, monkey
                     shared=SharedExpert(p.x_s, p.w1_s, p.w3_s, p.w2_s, s_out))
         return y, s_out
 
-    monkeypatch.setenv(GRID_SHARED_ENV, "cublas")
+    tuned(grid_shared="cublas")
     y, s_out = run()
     assert launches == ["l1", "shared", "l2"]
-    monkeypatch.setenv(GRID_SHARED_ENV, "grid")
+    tuned(grid_shared="grid")
     y_grid, s_grid = run()
     assert launches[3:] == ["l1", "l2"]
     ref_y, ref_s = p.reference_producer()
@@ -205,18 +203,12 @@ def test_shared_expert_by_library_between_the_routed_grids(weight_format, monkey
     assert rel_l2(s_out, s_grid) < tolerance(torch.bfloat16)
 
 
-def test_grid_shared_override_rejects_unknown_values(monkeypatch):
-    from latent_moe_fusion.ops.triton_kernels.expert_schedule import (
-        GRID_SHARED_ENV,
-        GRID_SHARED_MAX_TOKENS,
-        grid_shared_strategy,
-    )
+def test_grid_shared_override_rejects_unknown_values(tuned):
+    from latent_moe_fusion.ops.triton_kernels.expert_schedule import GRID_SHARED_MAX_TOKENS, grid_shared_strategy
 
-    monkeypatch.delenv(GRID_SHARED_ENV, raising=False)
     assert grid_shared_strategy(1) == grid_shared_strategy(GRID_SHARED_MAX_TOKENS) == "grid"
     assert grid_shared_strategy(GRID_SHARED_MAX_TOKENS + 1) == "cublas"
-    monkeypatch.setenv(GRID_SHARED_ENV, "grid")
+    tuned(grid_shared="grid")
     assert grid_shared_strategy(4096) == "grid"
-    monkeypatch.setenv(GRID_SHARED_ENV, "side")
-    with pytest.raises(ValueError, match="LMF_GRID_SHARED='side': expected one of grid, cublas"):
-        grid_shared_strategy(1)
+    with pytest.raises(ValueError, match="grid_shared='side': expected one of grid, cublas"):
+        tuned(grid_shared="side")

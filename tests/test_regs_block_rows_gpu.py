@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops.gluon_kernels import RING_ENV, WEIGHT_RINGS
+from latent_moe_fusion.ops.gluon_kernels import WEIGHT_RINGS
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
-from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_BLOCK_M, PREFILL_REGS_ENV, pick_config
+from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_BLOCK_M, pick_config
 from tests.expert_problems import rel_l2, tolerance
 from tests.float64_reference import routed64
 from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL, assert_replays_fresh_routings, mxfp4_problem
@@ -23,9 +23,8 @@ EXPERT_ROWS = {32: (0, 5, 16, 17, 31, 32, 33, 40, 64, 65, 70, 96, 100, 128, 130,
                8: (5, 17, 33, 64, 0, 70, 100, 130)}  # by the problem's number of experts
 
 
-def _run(p, monkeypatch, rows: str, ring: str = "") -> torch.Tensor:
-    monkeypatch.setenv(PREFILL_REGS_ENV, rows)
-    monkeypatch.setenv(RING_ENV, ring)
+def _run(p, tuned, rows: str, ring: str = "") -> torch.Tensor:
+    tuned(prefill_regs=rows or None, mxfp4_ring=ring or None)  # "": the measured default
     out = torch.full_like(p.z, float("nan"))
     return run_experts(*p.routed_args(), out=out)
 
@@ -42,32 +41,32 @@ CASES = [(SMALL, 300, "rows"), (SMALL, 600, "random"), (SMALL, 600, "few_experts
 
 @pytest.mark.parametrize("sizes,m,routing", CASES,
                          ids=[f"{'kimi' if s is KIMI_RANK else 'small'}-m{m}-{r}" for s, m, r in CASES])
-def test_64_row_blocks_match_float64_and_32_row_blocks_bitwise(sizes, m, routing, monkeypatch, rng_seed):
+def test_64_row_blocks_match_float64_and_32_row_blocks_bitwise(sizes, m, routing, tuned, rng_seed):
     p = _problem(sizes, m, routing)
-    monkeypatch.setenv(PREFILL_REGS_ENV, "")
+    tuned(prefill_regs=None)
     cfg = pick_config(p.topk_ids.numel(), "mxfp4", torch.bfloat16, sizes["num_experts"])
     assert cfg.routed_regs and cfg.bm == PREFILL_REGS_BLOCK_M == 64  # the default beyond the decode blocks
-    y = _run(p, monkeypatch, "")
+    y = _run(p, tuned, "")
     assert torch.isfinite(y).all()  # every element written over the NaN poison
     assert rel_l2(y, routed64(*p.routed_args())) < tolerance(torch.bfloat16)
-    assert torch.equal(y, _run(p, monkeypatch, "64"))
-    assert torch.equal(y, _run(p, monkeypatch, "32"))  # same sums per element, only the MMA's N differs
-    assert torch.equal(y, _run(p, monkeypatch, ""))  # bitwise repeatable
+    assert torch.equal(y, _run(p, tuned, "64"))
+    assert torch.equal(y, _run(p, tuned, "32"))  # same sums per element, only the MMA's N differs
+    assert torch.equal(y, _run(p, tuned, ""))  # bitwise repeatable
 
 
 @pytest.mark.parametrize("ring", list(WEIGHT_RINGS))
-def test_64_row_blocks_give_the_same_bits_on_every_weight_ring(ring, monkeypatch, rng_seed):
+def test_64_row_blocks_give_the_same_bits_on_every_weight_ring(ring, tuned, rng_seed):
     p = _problem(KIMI_RANK, 160, "rows")
-    assert torch.equal(_run(p, monkeypatch, "64", ring), _run(p, monkeypatch, "64"))
+    assert torch.equal(_run(p, tuned, "64", ring), _run(p, tuned, "64"))
 
 
-def test_64_row_blocks_replay_fresh_ids_in_a_cuda_graph(monkeypatch, rng_seed):
+def test_64_row_blocks_replay_fresh_ids_in_a_cuda_graph(tuned, rng_seed):
     p = _problem(SMALL, 600, "random")
-    monkeypatch.setenv(PREFILL_REGS_ENV, "")
-    assert_replays_fresh_routings(p, lambda routing: _problem(SMALL, 600, routing), lambda: _run(p, monkeypatch, ""))
+    tuned(prefill_regs=None)
+    assert_replays_fresh_routings(p, lambda routing: _problem(SMALL, 600, routing), lambda: _run(p, tuned, ""))
 
 
-def test_opcheck_on_64_row_blocks(monkeypatch, rng_seed):
-    monkeypatch.setenv(PREFILL_REGS_ENV, "")
+def test_opcheck_on_64_row_blocks(tuned, rng_seed):
+    tuned(prefill_regs=None)
     p = _problem(SMALL, 600, "random")
     torch.library.opcheck(torch.ops.lmf.routed_experts.default, p.routed_args())

@@ -8,11 +8,8 @@ import torch
 from latent_moe_fusion import KimiK3MoEBlock
 from latent_moe_fusion.ops.route_and_produce import (
     ROUTER_FIRST_MAX_TOKENS,
-    SHARED_FIRST_ENV,
     SHARED_FIRST_MAX_TOKENS,
     SHARED_FIRST_MIN_TOKENS,
-    SHARED_FIRST_ORDER_ENV,
-    SHARED_FIRST_URGENT_ENV,
     URGENT_MAX_TOKENS,
     shared_first_order,
     shared_first_urgent,
@@ -95,37 +92,31 @@ def test_bad_arguments_name_the_argument(name, change, message):
     assert_refused(OP, "route_and_produce", _good() | change, message)
 
 
-def test_shared_first_switch(monkeypatch):
-    monkeypatch.delenv(SHARED_FIRST_ENV, raising=False)
+def test_shared_first_switch(tuned):
     assert not shared_first_wanted(SHARED_FIRST_MIN_TOKENS - 1) and shared_first_wanted(SHARED_FIRST_MIN_TOKENS)
     assert shared_first_wanted(SHARED_FIRST_MAX_TOKENS) and not shared_first_wanted(SHARED_FIRST_MAX_TOKENS + 1)
-    monkeypatch.setenv(SHARED_FIRST_ENV, "0")
+    tuned(shared_first_schedule=False)
     assert not shared_first_wanted(8)
-    monkeypatch.setenv(SHARED_FIRST_ENV, "1")
+    tuned(shared_first_schedule=True)
     assert shared_first_wanted(1) and shared_first_wanted(4096)
-    monkeypatch.setenv(SHARED_FIRST_ENV, "on")
-    with pytest.raises(ValueError, match="LMF_SHARED_FIRST='on': expected 1"):
-        shared_first_wanted(8)
+    with pytest.raises(ValueError, match="shared_first_schedule='on': expected True / 1"):
+        tuned(shared_first_schedule="on")
 
 
-def test_launch_order_switch(monkeypatch):
-    monkeypatch.delenv(SHARED_FIRST_ORDER_ENV, raising=False)
+def test_launch_order_switch(tuned):
     assert shared_first_order(ROUTER_FIRST_MAX_TOKENS) == ("router", "shared", "down")
     assert shared_first_order(ROUTER_FIRST_MAX_TOKENS + 1) == ("shared", "router", "down")
-    monkeypatch.setenv(SHARED_FIRST_ORDER_ENV, "down, router,shared")
+    tuned(shared_first_order="down, router,shared")
     assert shared_first_order(8) == shared_first_order(128) == ("down", "router", "shared")
     for bad in ("router,down", "router,down,down", "gate,router,down"):
-        monkeypatch.setenv(SHARED_FIRST_ORDER_ENV, bad)
-        with pytest.raises(ValueError, match=r"LMF_SHARED_FIRST_ORDER=.*expected the three branches \(in launch order\) shared, router, down"):
-            shared_first_order(8)
+        with pytest.raises(ValueError, match=r"shared_first_order=.*expected the three branches \(in launch order\) shared, router, down"):
+            tuned(shared_first_order=bad)
 
 
-def test_urgent_branches_switch(monkeypatch):
-    monkeypatch.delenv(SHARED_FIRST_URGENT_ENV, raising=False)
+def test_urgent_branches_switch(tuned):
     assert shared_first_urgent(URGENT_MAX_TOKENS) == "all" and shared_first_urgent(URGENT_MAX_TOKENS + 1) == "none"
     for value in ("none", "route", "all"):
-        monkeypatch.setenv(SHARED_FIRST_URGENT_ENV, value)
+        tuned(shared_first_urgent=value)
         assert shared_first_urgent(1) == shared_first_urgent(128) == value
-    monkeypatch.setenv(SHARED_FIRST_URGENT_ENV, "1")
-    with pytest.raises(ValueError, match="LMF_SHARED_FIRST_URGENT='1': expected one of none, route, all"):
-        shared_first_urgent(8)
+    with pytest.raises(ValueError, match="shared_first_urgent='1': expected one of none, route, all"):
+        tuned(shared_first_urgent="1")

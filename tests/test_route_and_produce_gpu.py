@@ -8,14 +8,9 @@ import pytest
 import torch
 
 import latent_moe_fusion as lmf
+from latent_moe_fusion import tuning
 from latent_moe_fusion.fusion_pass import FusionConfig
-from latent_moe_fusion.ops.route_and_produce import (
-    SHARED_FIRST_ENV,
-    SHARED_FIRST_URGENT_CHOICES,
-    SHARED_FIRST_URGENT_ENV,
-    shared_first_wanted,
-)
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import GRID_SHARED_ENV, SHARED_ENV
+from latent_moe_fusion.ops.route_and_produce import SHARED_FIRST_URGENT_CHOICES, shared_first_wanted
 from tests.graph_replay import replay_without_host_sync
 from tests.op_inputs import shared_gate_up
 
@@ -40,14 +35,11 @@ def _args(block, x) -> tuple:
             cfg.rms_norm_eps, x, w1_s, w3_s, block.shared_w2, "local", None)
 
 
-def _two_ops(args: tuple, monkeypatch, shared_by_cublas: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _two_ops(args: tuple, shared_by_cublas: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The two ops; shared_by_cublas: with the producer's shared expert forced onto cuBLAS, as the shared-first
     schedule runs it (beside the register-dequant kernels the producer picks that itself from 5 tokens on)."""
-    with monkeypatch.context() as patch:
-        patch.setenv(SHARED_FIRST_ENV, "0")
-        if shared_by_cublas:
-            patch.setenv(SHARED_ENV, "cublas")
-            patch.setenv(GRID_SHARED_ENV, "cublas")
+    placement = dict(regs_shared="cublas", grid_shared="cublas") if shared_by_cublas else {}
+    with tuning.overrides(shared_first_schedule=False, **placement):
         ids, weights, z = torch.ops.lmf.route_and_project(*args[:10])
         return torch.ops.lmf.moe_shared_producer(z, ids, weights, *args[10:])
 
@@ -56,14 +48,14 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-@pytest.mark.parametrize("shared_first", ["", "1", "0"])
+@pytest.mark.parametrize("shared_first", [None, True, False])
 @pytest.mark.parametrize("m", [1, 4, 5, 8, 37, 128, 200])
-def test_outputs_are_those_of_the_two_ops(model, monkeypatch, rng_seed, m, shared_first):
-    monkeypatch.setenv(SHARED_FIRST_ENV, shared_first)
+def test_outputs_are_those_of_the_two_ops(model, tuned, rng_seed, m, shared_first):
+    tuned(shared_first_schedule=shared_first)
     x = torch.randn(m, model.cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
     args = _args(model, x)
     y_n, ws = OP(*args)
-    want_y_n, want_ws = _two_ops(args, monkeypatch, shared_by_cublas=shared_first_wanted(m))
+    want_y_n, want_ws = _two_ops(args, shared_by_cublas=shared_first_wanted(m))
     assert torch.equal(y_n, want_y_n) and torch.equal(ws, want_ws)
     out = torch.ops.lmf.latent_tail(y_n, model.w_up, ws, "local", None)
     assert _rel(out, model(x)) < 1.5e-2
@@ -71,20 +63,20 @@ def test_outputs_are_those_of_the_two_ops(model, monkeypatch, rng_seed, m, share
 
 @pytest.mark.parametrize("urgent", SHARED_FIRST_URGENT_CHOICES)
 @pytest.mark.parametrize("m", [8, 64])
-def test_urgent_branches_leave_the_outputs_bitwise(model, monkeypatch, rng_seed, m, urgent):
-    monkeypatch.setenv(SHARED_FIRST_URGENT_ENV, urgent)
+def test_urgent_branches_leave_the_outputs_bitwise(model, tuned, rng_seed, m, urgent):
+    tuned(shared_first_urgent=urgent)
     x = torch.randn(m, model.cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
     args = _args(model, x)
     y_n, ws = OP(*args)
-    want_y_n, want_ws = _two_ops(args, monkeypatch, shared_by_cublas=True)
+    want_y_n, want_ws = _two_ops(args, shared_by_cublas=True)
     assert torch.equal(y_n, want_y_n) and torch.equal(ws, want_ws)
 
 
 @pytest.mark.parametrize("urgent", SHARED_FIRST_URGENT_CHOICES)
 @pytest.mark.parametrize("m", [8, 64])
-def test_captured_shared_first_replays_match(model, monkeypatch, rng_seed, m, urgent):
-    monkeypatch.setenv(SHARED_FIRST_ENV, "")
-    monkeypatch.setenv(SHARED_FIRST_URGENT_ENV, urgent)
+def test_captured_shared_first_replays_match(model, tuned, rng_seed, m, urgent):
+    tuned(shared_first_schedule=None)
+    tuned(shared_first_urgent=urgent)
     static_x = torch.randn(m, model.cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
     args = _args(model, static_x)
     for _ in range(2):
@@ -98,7 +90,7 @@ def test_captured_shared_first_replays_match(model, monkeypatch, rng_seed, m, ur
     for _ in range(20):
         static_x.copy_(torch.randn_like(static_x))
         replay_without_host_sync(graph)
-        for a, b in zip(static_out, _two_ops(args, monkeypatch, shared_by_cublas=True), strict=True):
+        for a, b in zip(static_out, _two_ops(args, shared_by_cublas=True), strict=True):
             assert torch.equal(a, b)
 
 

@@ -2,7 +2,7 @@
 a TP block (16 tokens on every rank, fragments all-reduced by the tail) and an SP block (8 tokens per rank,
 fragments published by all-to-all after the shared expert's side stream joins), MXFP4 experts, compiled with
 the pass, against eager; the schedule is asserted to have run, and its outputs are bitwise those with it
-switched off (LMF_SHARED_FIRST=0: the router, the down-projection and the producer in a row)."""
+switched off (the shared_first_schedule override False: the router, the down-projection and the producer in a row)."""
 
 import pytest
 import torch
@@ -17,10 +17,9 @@ BF16_TOL = 1.5e-2
 
 
 def _nccl_worker(rank: int, world: int, seed: int) -> dict:
-    import os
-
     import torch.distributed as dist
 
+    from latent_moe_fusion import tuning
     from latent_moe_fusion.ops.triton_kernels import expert_schedule
 
     dev = torch.device("cuda", rank)
@@ -39,12 +38,11 @@ def _nccl_worker(rank: int, world: int, seed: int) -> dict:
     try:
         fused = fused_fn(x, x_local)
         torch.cuda.synchronize()
-        os.environ["LMF_SHARED_FIRST"] = "0"
-        in_a_row = fused_fn(x, x_local)
+        with tuning.overrides(shared_first_schedule=False):
+            in_a_row = fused_fn(x, x_local)
         torch.cuda.synchronize()
     finally:
         expert_schedule.planned_grouping = real
-        os.environ.pop("LMF_SHARED_FIRST", None)
     return {
         "forms": sorted(b.form for b in fusion_pass.report.blocks),
         "with_producer": [r.with_producer for r in fusion_pass.report.routings],

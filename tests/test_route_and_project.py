@@ -6,9 +6,7 @@ import torch
 
 from latent_moe_fusion.model.router import route_from_logits, router_logits
 from latent_moe_fusion.ops.route_and_project import (
-    OVERLAP_ENV,
     OVERLAP_MAX_TOKENS,
-    OVERLAP_ORDER_ENV,
     overlap_order,
     overlap_wanted,
 )
@@ -87,23 +85,19 @@ def test_bad_arguments_name_the_argument(name, change, message):
     assert_refused(OP, "route_and_project", _good() | change, message)
 
 
-def test_side_by_side_switch(monkeypatch):
-    monkeypatch.delenv(OVERLAP_ENV, raising=False)
+def test_side_by_side_switch(tuned):
     assert overlap_wanted(1) and overlap_wanted(OVERLAP_MAX_TOKENS) and not overlap_wanted(OVERLAP_MAX_TOKENS + 1)
-    monkeypatch.setenv(OVERLAP_ENV, "0")
+    tuned(router_overlap_streams=False)
     assert not overlap_wanted(1)
-    monkeypatch.setenv(OVERLAP_ENV, "1")
+    tuned(router_overlap_streams=True)
     assert overlap_wanted(4096)
-    monkeypatch.setenv(OVERLAP_ENV, "yes")
-    with pytest.raises(ValueError, match="LMF_ROUTER_OVERLAP='yes': expected 1"):
-        overlap_wanted(1)
+    with pytest.raises(ValueError, match="router_overlap_streams='yes': expected True / 1"):
+        tuned(router_overlap_streams="yes")
 
 
-def test_launch_order_switch(monkeypatch):
-    monkeypatch.delenv(OVERLAP_ORDER_ENV, raising=False)
+def test_launch_order_switch(tuned):
     assert overlap_order() == "router"
-    monkeypatch.setenv(OVERLAP_ORDER_ENV, "down")
+    tuned(router_overlap_order="down")
     assert overlap_order() == "down"
-    monkeypatch.setenv(OVERLAP_ORDER_ENV, "gate")
-    with pytest.raises(ValueError, match="LMF_ROUTER_OVERLAP_ORDER='gate': expected one of router, down"):
-        overlap_order()
+    with pytest.raises(ValueError, match="router_overlap_order='gate': expected one of router, down"):
+        tuned(router_overlap_order="gate")

@@ -12,7 +12,6 @@ import latent_moe_fusion as lmf
 from latent_moe_fusion.fusion_pass import FusionConfig
 from latent_moe_fusion.model.router import router_logits
 from latent_moe_fusion.ops.down_projection import DOWN_PROJECTION_ENV, project_down
-from latent_moe_fusion.ops.route_and_project import OVERLAP_ENV, OVERLAP_ORDER_ENV
 from tests.graph_replay import replay_without_host_sync
 
 pytestmark = pytest.mark.gpu
@@ -41,15 +40,14 @@ def _unfused(x, gate, bias, w_down, router_gemm):
 @pytest.mark.parametrize("side_by_side", ["1", "0", "1,down"])
 @pytest.mark.parametrize("router_gemm", ["bf16", "fp32"])
 @pytest.mark.parametrize("m", [1, 8, 37, 128])
-def test_bitwise_the_unfused_calls(weights, monkeypatch, rng_seed, m, router_gemm, side_by_side, down):
+def test_bitwise_the_unfused_calls(weights, monkeypatch, tuned, rng_seed, m, router_gemm, side_by_side, down):
     monkeypatch.setenv(DOWN_PROJECTION_ENV, down)
     if down == "cublas":
         x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
         assert torch.equal(project_down(x, weights[2], torch.empty(m, L, device="cuda", dtype=x.dtype)),
                            F.linear(x, weights[2]))
     flag, _, order = side_by_side.partition(",")
-    monkeypatch.setenv(OVERLAP_ENV, flag)
-    monkeypatch.setenv(OVERLAP_ORDER_ENV, order or "router")
+    tuned(router_overlap_streams=flag, router_overlap_order=order or "router")
     x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
     got = OP(x, *weights, router_gemm, K, 1e-20, 1.0, FIRST, NUM_LOCAL)
     for a, b in zip(got, _unfused(x, *weights, router_gemm), strict=True):
@@ -58,8 +56,8 @@ def test_bitwise_the_unfused_calls(weights, monkeypatch, rng_seed, m, router_gem
     assert float((got[2].double() - z64).norm() / z64.norm()) < 8e-3
 
 
-def test_captured_side_by_side_replays_match(weights, monkeypatch, rng_seed):
-    monkeypatch.setenv(OVERLAP_ENV, "1")
+def test_captured_side_by_side_replays_match(weights, tuned, rng_seed):
+    tuned(router_overlap_streams="1")
     static_x = torch.randn(4, H, device="cuda", dtype=torch.bfloat16)
     for _ in range(2):
         OP(static_x, *weights, "bf16", K, 1e-20, 1.0, FIRST, NUM_LOCAL)

@@ -28,8 +28,8 @@ def _gemv_config(m: int, top_k: int) -> producer_config.ProducerConfig:
 # the registers on a GPU (the interpreter ignores it).
 @pytest.mark.parametrize("m,setting,routing", [(1, "16x32x4p2r64", "random"), (3, "8x16x4p1", "one_expert"),
                                                (2, "16x32x4p4", "few_experts"), (2, "32x64x4p2", "none")])
-def test_gemv_routed_matches_reference_and_float64(m, setting, routing, monkeypatch, rng_seed):
-    monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, setting)
+def test_gemv_routed_matches_reference_and_float64(m, setting, routing, tuned, rng_seed):
+    tuned(routed_gemv=setting)
     p = make_problem(m, weight_format="mxfp4", routing=routing, device=DEVICE, **SIZES)
     out = torch.full_like(p.z, float("nan"))
     y = run_experts(*p.routed_args(), config=_gemv_config(m, p.topk_ids.shape[1]), out=out)
@@ -38,8 +38,8 @@ def test_gemv_routed_matches_reference_and_float64(m, setting, routing, monkeypa
     assert rel_l2(y, routed64(*p.routed_args())) < bf16_vs_float64_tolerance()
 
 
-def test_gemv_producer_matches_float64(monkeypatch, rng_seed):
-    monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "16x32x4p2")
+def test_gemv_producer_matches_float64(tuned, rng_seed):
+    tuned(routed_gemv="16x32x4p2")
     p = make_problem(1, weight_format="mxfp4", device=DEVICE, **SIZES)
     s_out = torch.full_like(p.x_s, float("nan"))
     shared = SharedExpert(p.x_s, p.w1_s, p.w3_s, p.w2_s, s_out)
@@ -52,17 +52,17 @@ def test_gemv_producer_matches_float64(monkeypatch, rng_seed):
     assert rel_l2(s_out, ref_s) < tolerance(torch.bfloat16)  # (float64 skips the bf16 rounding of its act)
 
 
-def test_more_items_than_programs_visit_every_pair(monkeypatch, rng_seed):
+def test_more_items_than_programs_visit_every_pair(tuned, rng_seed):
     """One program per row tile (p1) and every id valid: each program walks all pairs of its tile."""
-    monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "32x64x4p1")
+    tuned(routed_gemv="32x64x4p1")
     p = make_problem(4, weight_format="mxfp4", routing="random", device=DEVICE, **SIZES)
     p.topk_ids = torch.stack([torch.randperm(SIZES["num_experts"])[: SIZES["top_k"]] for _ in range(4)]).int().to(DEVICE)
     y = run_experts(*p.routed_args(), config=_gemv_config(4, SIZES["top_k"]), out=torch.full_like(p.z, float("nan")))
     assert rel_l2(y, routed64(*p.routed_args())) < bf16_vs_float64_tolerance()
 
 
-def test_a_given_gemv_config_that_cannot_run_says_why(monkeypatch):
-    monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "4x4x16")  # 16 words = 128 codes > K = 64
+def test_a_given_gemv_config_that_cannot_run_says_why(tuned):
+    tuned(routed_gemv="4x4x16")  # 16 words = 128 codes > K = 64
     p = make_problem(1, weight_format="mxfp4", device=DEVICE, **SIZES)
     with pytest.raises(ValueError, match="routed_gemv.*multiple of 128"):
         run_experts(*p.routed_args(), config=_gemv_config(1, SIZES["top_k"]))
@@ -84,21 +84,20 @@ def test_gemv_reasons():
                                          ("3x4x64", "power of two"), ("4x4x2", "words must be >= 4"),
                                          ("4x4x64w0", "power of two"), ("2x2x64r8", "max_registers must be in"),
                                          ("2x2x64r300", "max_registers must be in"), ("2x2x64rf", "expected 0, 1 or")])
-def test_setting_rejects_bad_values(value, match, monkeypatch):
-    monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, value)
-    with pytest.raises(ValueError, match=match):
-        routed_gemv.routed_gemv_setting()
+def test_setting_rejects_bad_values(value, match, tuned):
+    with pytest.raises(ValueError, match=f"{routed_gemv.ROUTED_GEMV_OVERRIDE}=.*{match}"):
+        tuned(routed_gemv=value)
 
 
-def test_setting_parses_a_full_spec(monkeypatch):
-    monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "8x2x32w2p4")
+def test_setting_parses_a_full_spec(tuned):
+    tuned(routed_gemv="8x2x32w2p4")
     assert routed_gemv.routed_gemv_setting() == (True, routed_gemv.RoutedGemvConfig(8, 2, 32, 2, 4))
-    monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "4x4x64b")
+    tuned(routed_gemv="4x4x64b")
     assert routed_gemv.routed_gemv_setting()[1] == routed_gemv.RoutedGemvConfig(4, 4, 64, 1, 2, scale_sums=False)
-    monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "2x2x64w1p2fr80")
+    tuned(routed_gemv="2x2x64w1p2fr80")
     assert routed_gemv.routed_gemv_setting()[1] == routed_gemv.RoutedGemvConfig(2, 2, 64, 1, 2, prefetch=True,
                                                                                   max_registers=80)
-    monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "0")
+    tuned(routed_gemv="0")
     assert routed_gemv.routed_gemv_setting() == (False, routed_gemv.ROUTED_GEMV_CONFIG)
 
 
@@ -107,22 +106,18 @@ def hopper(monkeypatch):
     monkeypatch.setattr(producer_config, "_has_sm90", lambda: True)
     monkeypatch.setattr(producer_config, "_is_hopper", lambda: True)
     monkeypatch.setattr(producer_config, "interpreting", lambda: False)
-    monkeypatch.delenv("LMF_MXFP4_REGS", raising=False)
-    monkeypatch.delenv(routed_gemv.ROUTED_GEMV_ENV, raising=False)
-
-
-def test_picked_for_up_to_four_top16_tokens_on_hopper(hopper, monkeypatch):
+def test_picked_for_up_to_four_top16_tokens_on_hopper(hopper, tuned):
     def picked(pairs, fmt="mxfp4"):
         return producer_config.pick_config(pairs, fmt, torch.bfloat16, 112).routed_gemv
 
     assert picked(16) and picked(routed_gemv.ROUTED_GEMV_MAX_PAIRS)
     assert not picked(routed_gemv.ROUTED_GEMV_MAX_PAIRS + 16)
     assert not picked(16, "bf16")
-    monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "0")
+    tuned(routed_gemv="0")
     assert not picked(16)
-    monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "1")
+    tuned(routed_gemv="1")
     assert picked(8 * 16)
-    monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "4x4x64")
+    tuned(routed_gemv="4x4x64")
     assert picked(8 * 16)  # a spec forces the path too
-    monkeypatch.setenv("LMF_MXFP4_REGS", "0")
+    tuned(mxfp4_regs=False)
     assert not picked(16)  # beside the register-dequant kernels only (Hopper decode configs)

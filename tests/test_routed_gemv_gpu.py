@@ -26,9 +26,9 @@ KIMI_RANK = dict(latent=3584, inter=3072, num_experts=16, top_k=16, hidden=7168,
 SPECS = ["2x2x64w1p2r80", "8x4x64w1p1", "2x8x32w1p4", "4x2x64w2p2bf"]  # the default first
 
 
-def _gemv(p, kernel: str, spec: str, monkeypatch) -> torch.Tensor:
+def _gemv(p, kernel: str, spec: str, tuned) -> torch.Tensor:
     """y (combine without norm) from launch_routed_gemv with the given kernel; act / pairs poisoned."""
-    monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, spec)
+    tuned(routed_gemv=spec)
     cfg = routed_gemv.routed_gemv_setting()[1]
     m, top_k = p.topk_ids.shape
     act = torch.full((m * top_k, p.w2.shape[-1] * 2), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -44,20 +44,20 @@ def _gemv(p, kernel: str, spec: str, monkeypatch) -> torch.Tensor:
 
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("m,routing", [(1, "random"), (2, "random"), (4, "few_experts"), (1, "one_expert")])
-def test_gluon_and_triton_match_float64_and_repeat_bitwise(m, routing, spec, monkeypatch, rng_seed):
+def test_gluon_and_triton_match_float64_and_repeat_bitwise(m, routing, spec, tuned, rng_seed):
     p = make_problem(m, weight_format="mxfp4", routing=routing, device="cuda", **KIMI_RANK)
     ref = routed64(*p.routed_args())
-    y = _gemv(p, "gluon", spec, monkeypatch)
+    y = _gemv(p, "gluon", spec, tuned)
     assert rel_l2(y, ref) < tolerance(torch.bfloat16)
-    assert torch.equal(y, _gemv(p, "gluon", spec, monkeypatch))
-    y_triton = _gemv(p, "triton", spec, monkeypatch)
+    assert torch.equal(y, _gemv(p, "gluon", spec, tuned))
+    y_triton = _gemv(p, "triton", spec, tuned)
     assert rel_l2(y_triton, ref) < tolerance(torch.bfloat16)
     assert rel_l2(y, y_triton) < tolerance(torch.bfloat16)
 
 
 @pytest.mark.parametrize("m", [1, 2])
-def test_producer_on_the_gemv_path_matches_float64_and_the_mma_path(m, monkeypatch, rng_seed):
-    monkeypatch.setenv(routed_gemv.ROUTED_GEMV_ENV, "1")
+def test_producer_on_the_gemv_path_matches_float64_and_the_mma_path(m, tuned, rng_seed):
+    tuned(routed_gemv="1")
     p = make_problem(m, weight_format="mxfp4", routing="random", device="cuda", **KIMI_RANK)
 
     def producer(gemv: bool):
@@ -77,8 +77,8 @@ def test_producer_on_the_gemv_path_matches_float64_and_the_mma_path(m, monkeypat
     assert torch.equal(s_out, s_mma)  # the shared expert is untouched by the routed path's choice
 
 
-def test_picked_for_one_token_and_replayed_with_fresh_routings(monkeypatch, rng_seed):
-    monkeypatch.delenv(routed_gemv.ROUTED_GEMV_ENV, raising=False)
+def test_picked_for_one_token_and_replayed_with_fresh_routings(tuned, rng_seed):
+    tuned(routed_gemv=None)
     p = make_problem(1, weight_format="mxfp4", routing="random", device="cuda", **KIMI_RANK)
     assert pick_config(KIMI_RANK["top_k"], "mxfp4", torch.bfloat16, KIMI_RANK["num_experts"]).routed_gemv
     out = torch.empty_like(p.z)

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
-from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_ENV
 from tests.expert_problems import rel_l2, tolerance
 from tests.float64_reference import routed64
 from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL, assert_replays_fresh_routings, mxfp4_problem
@@ -26,8 +25,8 @@ def _problem(sizes: dict, m: int, routing: str):
     return mxfp4_problem(sizes, m, routing, EXPERT_ROWS)
 
 
-def _run(p, monkeypatch, rows: str) -> torch.Tensor:
-    monkeypatch.setenv(PREFILL_REGS_ENV, rows)
+def _run(p, tuned, rows: str) -> torch.Tensor:
+    tuned(prefill_regs=rows)
     out = torch.full_like(p.z, float("nan"))
     return run_experts(*p.routed_args(), out=out)
 
@@ -43,25 +42,25 @@ NEAR_64_ROWS = 2e-3
 
 @pytest.mark.parametrize("sizes,m,routing", CASES,
                          ids=[f"{'kimi' if s is KIMI_RANK else 'small'}-m{m}-{r}" for s, m, r in CASES])
-def test_128_row_blocks_match_float64_and_64_row_blocks(sizes, m, routing, monkeypatch, rng_seed):
+def test_128_row_blocks_match_float64_and_64_row_blocks(sizes, m, routing, tuned, rng_seed):
     p = _problem(sizes, m, routing)
-    y = _run(p, monkeypatch, "128")
+    y = _run(p, tuned, "128")
     assert torch.isfinite(y).all()  # every element written over the NaN poison
     ref = routed64(*p.routed_args())
     assert rel_l2(y, ref) < tolerance(torch.bfloat16)
-    y64 = _run(p, monkeypatch, "64")
+    y64 = _run(p, tuned, "64")
     assert rel_l2(y, y64) < NEAR_64_ROWS
     assert abs(rel_l2(y, ref) - rel_l2(y64, ref)) < 0.1 * rel_l2(y64, ref) + 1e-6  # as close to float64 as they
-    assert torch.equal(y, _run(p, monkeypatch, "128"))  # bitwise repeatable
+    assert torch.equal(y, _run(p, tuned, "128"))  # bitwise repeatable
 
 
-def test_128_row_blocks_replay_fresh_ids_in_a_cuda_graph(monkeypatch, rng_seed):
-    monkeypatch.setenv(PREFILL_REGS_ENV, "128")
+def test_128_row_blocks_replay_fresh_ids_in_a_cuda_graph(tuned, rng_seed):
+    tuned(prefill_regs="128")
     p = _problem(SMALL, 600, "random")
-    assert_replays_fresh_routings(p, lambda routing: _problem(SMALL, 600, routing), lambda: _run(p, monkeypatch, "128"))
+    assert_replays_fresh_routings(p, lambda routing: _problem(SMALL, 600, routing), lambda: _run(p, tuned, "128"))
 
 
-def test_opcheck_on_128_row_blocks(monkeypatch, rng_seed):
-    monkeypatch.setenv(PREFILL_REGS_ENV, "128")
+def test_opcheck_on_128_row_blocks(tuned, rng_seed):
+    tuned(prefill_regs="128")
     p = _problem(SMALL, 600, "random")
     torch.library.opcheck(torch.ops.lmf.routed_experts.default, p.routed_args())

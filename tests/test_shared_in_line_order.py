@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from latent_moe_fusion import tuning
 from latent_moe_fusion.ops.triton_kernels import expert_schedule
 from latent_moe_fusion.ops.triton_kernels.expert_schedule import (
     GRID_SHARED_MAX_TOKENS,
-    SHARED_IN_LINE_ENV,
     SharedExpert,
     in_line_library_first,
     run_experts,
@@ -23,22 +23,19 @@ SIZES = dict(latent=64, inter=32, num_experts=4, top_k=2, hidden=64, inter_s=32)
 M = GRID_SHARED_MAX_TOKENS + 8  # beyond it the producer's shared expert runs as library GEMMs
 
 
-def test_the_order_by_size_and_override(monkeypatch):
-    monkeypatch.delenv(SHARED_IN_LINE_ENV, raising=False)
+def test_the_order_by_size_and_override(tuned):
     assert in_line_library_first(GRID_SHARED_MAX_TOKENS + 1) and in_line_library_first(4096)
     assert not in_line_library_first(128) and not in_line_library_first(GRID_SHARED_MAX_TOKENS)
-    monkeypatch.setenv(SHARED_IN_LINE_ENV, "after_l1")
+    tuned(shared_in_line="after_l1")
     assert not in_line_library_first(4096)
-    monkeypatch.setenv(SHARED_IN_LINE_ENV, "first")
+    tuned(shared_in_line="first")
     assert in_line_library_first(32)
-    monkeypatch.setenv(SHARED_IN_LINE_ENV, "early")
-    with pytest.raises(ValueError, match="LMF_SHARED_IN_LINE.*first.*after_l1"):
-        in_line_library_first(4096)
+    with pytest.raises(ValueError, match="shared_in_line='early'.*first.*after_l1"):
+        tuned(shared_in_line="early")
 
 
 def _run_recording(p, monkeypatch, order: str) -> tuple[list[str], torch.Tensor, torch.Tensor]:
     """run_experts with the shared expert, recording the launch order of the library GEMMs, the grouping and L1."""
-    monkeypatch.setenv(SHARED_IN_LINE_ENV, order)
     calls: list[str] = []
 
     def recorded(name, fn):
@@ -51,8 +48,9 @@ def _run_recording(p, monkeypatch, order: str) -> tuple[list[str], torch.Tensor,
     monkeypatch.setattr(expert_schedule, "group_by_expert", recorded("grouping", expert_schedule.group_by_expert))
     monkeypatch.setattr(expert_schedule, "l1_kernel", _Recorded(expert_schedule.l1_kernel, calls))
     s_out = torch.full_like(p.x_s, float("nan"))
-    y = run_experts(*p.routed_args(), rms_weight=p.rms_weight, eps=EPS,
-                    shared=SharedExpert(p.x_s, p.w1_s, p.w3_s, p.w2_s, s_out))
+    with tuning.overrides(shared_in_line=order):
+        y = run_experts(*p.routed_args(), rms_weight=p.rms_weight, eps=EPS,
+                        shared=SharedExpert(p.x_s, p.w1_s, p.w3_s, p.w2_s, s_out))
     monkeypatch.undo()
     return calls, y, s_out
 

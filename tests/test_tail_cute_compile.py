@@ -66,18 +66,17 @@ def _args(m=8, k=128, n=256, r=2, dtype=torch.bfloat16, mode="local"):
     return y, w, ws, mode, None
 
 
-def test_triton_keeps_buckets_without_a_measured_win(tmp_path, monkeypatch):
+def test_triton_keeps_buckets_without_a_measured_win(tmp_path, monkeypatch, tuned):
     monkeypatch.delenv("LMF_BACKEND_LATENT_TAIL", raising=False)
     monkeypatch.delenv("LMF_BACKEND", raising=False)
     table = tmp_path / "choice.json"
     table.write_text(json.dumps({"choice": {"8": "cute", "128": "triton"}}))
-    monkeypatch.setenv(tail_backend.CHOICE_ENV, str(table))
+    tuned(cute_tail_choice=table)
     assert tail_backend.supports(*_args(m=8)) is None
     assert "does not pick cute" in tail_backend.supports(*_args(m=100))
-    monkeypatch.setenv(tail_backend.CHOICE_ENV, str(tmp_path / "absent.json"))  # a wrong path is refused ...
-    with pytest.raises(ValueError, match=f"{tail_backend.CHOICE_ENV}=.*absent.json': no such file"):
-        tail_backend.supports(*_args(m=8))
-    monkeypatch.delenv(tail_backend.CHOICE_ENV)  # ... a missing shipped table leaves every bucket to Triton
+    with pytest.raises(ValueError, match=f"{tail_backend.CHOICE_OVERRIDE}=.*absent.json': no such file"):
+        tuned(cute_tail_choice=tmp_path / "absent.json")  # a wrong path is refused ...
+    tuned(cute_tail_choice=None)  # ... a missing shipped table leaves every bucket to Triton
     monkeypatch.setattr(tail_backend, "DEFAULT_CHOICE", tmp_path / "absent.json")
     assert "does not pick cute" in tail_backend.supports(*_args(m=8))
     monkeypatch.setenv("LMF_BACKEND_LATENT_TAIL", "cute")  # forcing skips the table, not the shape checks

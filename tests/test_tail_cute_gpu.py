@@ -158,13 +158,13 @@ def test_programmatic_dependent_launch_is_bitwise_the_plain_one(m, k, n, r, rng_
 
 
 @pytest.mark.parametrize("m", [8, 32])
-def test_dependent_launch_waits_for_the_combine_that_signals_early(m, monkeypatch, rng_seed):
+def test_dependent_launch_waits_for_the_combine_that_signals_early(m, tuned, rng_seed):
     """The producer's combine signals its dependents first thing, then writes y_n: the tail launched behind
     it in a captured graph must read the y_n of this replay (poisoned output, fresh pairs every replay)."""
     from latent_moe_fusion.ops.cute import tail_cute_fused, warmup
     from latent_moe_fusion.ops.triton_kernels.combine import launch_combine
 
-    monkeypatch.setenv("LMF_PDL", "tail")
+    tuned(pdl_sites="tail")
     k, n, r, top_k = 3584, 2048, 1, 4
     warmup(m_values=[m], num_frags=[r])
     pairs = torch.randn(m * top_k, k, device="cuda")

@@ -170,9 +170,9 @@ def test_cuda_graph_capture_and_replay(m, rng_seed):
 
 
 @pytest.mark.parametrize("spec", ["off", "8x512x0", "16x256x2048w8", "4x512x1024w2s3"])
-def test_gemv_override_serves_a_few_tokens(spec, monkeypatch, rng_seed):
-    # Every LMF_TAIL_GEMV setting the tuning sweep uses computes the same function as the default.
-    monkeypatch.setenv("LMF_TAIL_GEMV", spec)
+def test_gemv_override_serves_a_few_tokens(spec, tuned, rng_seed):
+    # Every tail_gemv override the tuning sweep uses computes the same function as the default.
+    tuned(tail_gemv=spec)
     for m in (1, 2):
         a = torch.randn(m, 3584, dtype=torch.bfloat16, device="cuda")
         w = torch.randn(7168, 3584, dtype=torch.bfloat16, device="cuda")

@@ -162,22 +162,21 @@ def test_config_table_covers_every_m():
     assert narrow.split_k > wide.split_k
 
 
-def test_gemv_override(monkeypatch):
-    from latent_moe_fusion.ops.triton_kernels.tail_configs import FEW_TOKENS_SWAP, GEMV_CONFIG, GEMV_ENV
+def test_gemv_override(tuned):
+    from latent_moe_fusion.ops.triton_kernels.tail_configs import FEW_TOKENS_SWAP, GEMV_CONFIG, GEMV_OVERRIDE
 
     assert table_config(1, False) == GEMV_CONFIG and table_config(2, False) == GEMV_CONFIG
     assert table_config(3, False).kernel == "swap" and table_config(1, True).kernel == "swap"
-    monkeypatch.setenv(GEMV_ENV, "off")
+    tuned(tail_gemv="off")
     assert table_config(1, False) == FEW_TOKENS_SWAP
-    monkeypatch.setenv(GEMV_ENV, "16x256x2048w8")
+    tuned(tail_gemv="16x256x2048w8")
     forced = table_config(2, False)
     assert (forced.kernel, forced.block_n, forced.block_k, forced.preload_k, forced.num_warps, forced.num_stages) == (
         "gemv", 16, 256, 2048, 8, 1)
-    monkeypatch.setenv(GEMV_ENV, "4x512x0w2s3")
+    tuned(tail_gemv="4x512x0w2s3")
     assert (table_config(1, False).num_warps, table_config(1, False).num_stages) == (2, 3)
     assert table_config(3, False).kernel == "swap"  # the override acts on the few-token bucket only
     for bad in ("8x500x1024", "8x512", "fast", "8x512x1000", "8x512x1024s0"):
-        monkeypatch.setenv(GEMV_ENV, bad)
-        with pytest.raises(ValueError, match=GEMV_ENV):
-            table_config(1, False)
+        with pytest.raises(ValueError, match=f"{GEMV_OVERRIDE}='{bad}'"):
+            tuned(tail_gemv=bad)
 

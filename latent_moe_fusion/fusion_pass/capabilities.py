@@ -8,11 +8,12 @@ only if every rank has it. Nothing here runs a collective inside a compile.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from latent_moe_fusion import envs
 
 from ..ops.backends import backends_for
 
@@ -21,7 +22,7 @@ FUSED_OPS = ("moe_shared_producer", "latent_tail", "noaux_tc_route", "route_and_
 
 
 def disabled_by_env() -> bool:
-    return os.environ.get(DISABLE_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+    return envs.read(DISABLE_ENV)
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,11 @@ has the same installation; the fusion pass agrees availability across the group 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from latent_moe_fusion import envs
 
 Reason = str | None  # None means "yes"
 
@@ -48,14 +49,14 @@ def backends_for(op: str) -> list[Backend]:
 
 
 def forced_backend_name(op: str) -> str | None:
-    return os.environ.get(f"LMF_BACKEND_{op.upper()}") or os.environ.get("LMF_BACKEND") or None
+    return envs.read(f"LMF_BACKEND_{op.upper()}") or envs.read("LMF_BACKEND")
 
 
 def _check_forced_name(op: str, forced: str, candidates: list[Backend]) -> None:
     """`forced` names no backend of `op`. That is a typo or a missing install: say so instead of silently running the
     default. `LMF_BACKEND` applies to every op, so there it only has to name a backend of some op."""
     per_op = f"LMF_BACKEND_{op.upper()}"
-    if os.environ.get(per_op):
+    if envs.is_set(per_op):
         names = ", ".join(b.name for b in candidates)
         raise ValueError(f"{per_op}={forced!r} names no backend of lmf::{op}: expected one of {names} (an optional "
                          "backend is registered only where its package imports), or unset")

@@ -7,23 +7,26 @@ and then a reduce kernel; the swap-AB kernel streams w_down with 112 CTAs at L =
 in its own last CTA. Both accumulate in FP32 and round once to x's dtype, in different summation orders,
 so the two agree to bf16 rounding but not bitwise.
 
-LMF_DOWN_PROJECTION (read per call): "cublas", "triton" (the table below, cuBLAS beyond it) or one
-TailConfig label of a swap kernel, e.g. "swap_tma:16x32x256/w4/st6/s1" (served up to its block_m tokens,
-cuBLAS beyond). Unset: DEFAULT_BACKEND. The Triton kernel serves bf16 on Hopper only (cuBLAS elsewhere).
+LMF_DOWN_PROJECTION (read per call): "cublas" or "triton" (the table below, cuBLAS beyond it); unset: DEFAULT_BACKEND.
+Under "triton" the down_projection_kernel tuning override may name one TailConfig label of a swap kernel instead of the
+table, e.g. "swap_tma:16x32x256/w4/st6/s1" (served up to its block_m tokens, cuBLAS beyond). The Triton kernel serves
+bf16 on Hopper only (cuBLAS elsewhere).
 """
 
 from __future__ import annotations
 
-import os
 import re
 
 import torch
+
+from latent_moe_fusion import envs, tuning
 
 from .device import capability
 from .triton_kernels.tail_configs import TailConfig, _pow2
 
 DOWN_PROJECTION_ENV = "LMF_DOWN_PROJECTION"
-DEFAULT_BACKEND = "triton"
+KERNEL_OVERRIDE = "down_projection_kernel"  # tuning override: a swap kernel's label instead of TRITON_TABLE
+DEFAULT_BACKEND = "triton"  # envs.py's default of DOWN_PROJECTION_ENV
 
 # (largest M, config); H200, H = 7168, L = 3584; 112 CTAs each. Alone over L2-cold weights (bench/results/down_projection.md)
 # every entry is 1.04-1.11x faster than cuBLAS; in the block (decode_tuning_down_triton.md) the split-free
@@ -39,18 +42,26 @@ _LABEL = re.compile(r"(swap|swap_tma):(\d+)x(\d+)x(\d+)/w(\d+)/st(\d+)/s(\d+)")
 
 def parse_swap_label(label: str) -> TailConfig:
     """The swap-kernel TailConfig a label (TailConfig.label()) names."""
-    match = _LABEL.fullmatch(label)
+    match = _LABEL.fullmatch(label) if isinstance(label, str) else None
     if match is None:
-        raise ValueError(f"{DOWN_PROJECTION_ENV}={label!r}: expected cublas, triton or a swap kernel label such as "
+        raise ValueError(f"{KERNEL_OVERRIDE}={label!r}: expected a swap kernel label such as "
                          "swap_tma:16x32x256/w4/st6/s1 (KERNEL:BLOCK_MxBLOCK_NxBLOCK_K/wWARPS/stSTAGES/sSPLIT_K)")
     kernel = match.group(1)
     bm, bn, bk, warps, stages, split = (int(g) for g in match.groups()[1:])
     for name, value in (("block_m", bm), ("block_n", bn), ("block_k", bk), ("warps", warps), ("split_k", split)):
         if not _pow2(value):
-            raise ValueError(f"{DOWN_PROJECTION_ENV}={label!r}: {name} = {value} is not a power of two")
+            raise ValueError(f"{KERNEL_OVERRIDE}={label!r}: {name} = {value} is not a power of two")
     if bm < 16 or bn < 16 or bk < 16 or not 1 <= stages <= 8:
-        raise ValueError(f"{DOWN_PROJECTION_ENV}={label!r}: block sizes must be >= 16 and stages 1 .. 8")
+        raise ValueError(f"{KERNEL_OVERRIDE}={label!r}: block sizes must be >= 16 and stages 1 .. 8")
     return TailConfig(kernel, bm, bn, bk, num_warps=warps, num_stages=stages, split_k=split)
+
+
+def _checked_label(name: str, label: str) -> str:
+    parse_swap_label(label)
+    return label
+
+
+tuning.register(KERNEL_OVERRIDE, _checked_label)
 
 
 def table_config(num_tokens: int) -> TailConfig | None:
@@ -59,13 +70,14 @@ def table_config(num_tokens: int) -> TailConfig | None:
 
 
 def triton_config(num_tokens: int) -> TailConfig | None:
-    """The swap-kernel config that serves `num_tokens` under LMF_DOWN_PROJECTION, None for cuBLAS."""
-    value = os.environ.get(DOWN_PROJECTION_ENV, "") or DEFAULT_BACKEND
-    if value == "cublas":
+    """The swap-kernel config that serves `num_tokens` under LMF_DOWN_PROJECTION and the down_projection_kernel
+    override, None for cuBLAS."""
+    if envs.read(DOWN_PROJECTION_ENV) == "cublas":
         return None
-    if value == "triton":
+    label = tuning.current().down_projection_kernel
+    if label is None:
         return table_config(num_tokens)
-    cfg = parse_swap_label(value)
+    cfg = parse_swap_label(label)
     return cfg if num_tokens <= cfg.block_m else None
 
 

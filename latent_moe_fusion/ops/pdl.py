@@ -8,25 +8,27 @@ producers issue first thing) and must execute `griddepcontrol.wait` before they 
 kernel, or any earlier one, writes. Before the wait a kernel only reads weights (into L2) and data
 written before its predecessor started, and writes nothing.
 
-Sites (LMF_PDL, a comma list; "all" or "none"/"0"; read per call so a benchmark can A/B them):
+Sites (the pdl_sites tuning override, a comma list; "all" or "none"/"0"; read per call so a benchmark can A/B them):
   tail    the latent tail's decode kernels: Triton's prefetch their weight rows to L2, then wait; the
           CuTe kernel loads the weight tiles of its first ring stages, then waits (cute/tail_kernel.py);
           the combine before them signals early
   routed  the routed register-dequant chain L1 -> L1 finish -> L2 of a single token (K split): L1
           signals early, the finish and L2 are launched dependent (L2 prefetches its weight rows first).
           Since the routed GEMV took one to four tokens (triton_kernels/routed_gemv.py, no PDL) this
-          chain runs for a token only with LMF_ROUTED_GEMV=0.
+          chain runs for a token only with the routed_gemv override False.
 """
 
 from __future__ import annotations
 
-import os
+from typing import Any
 
 import torch
 
+from latent_moe_fusion import envs, tuning
+
 from .device import capability
 
-PDL_ENV = "LMF_PDL"
+PDL_OVERRIDE = "pdl_sites"
 PDL_SITES = ("tail", "routed")
 # H200 (docs/design/decode-schedule.md): in CUDA graphs a plain dependent launch already starts ~0.4 us
 # after its predecessor, so PDL buys the weight prefetch: at M = 1 the block took 99.4 us without PDL,
@@ -36,27 +38,38 @@ PDL_SITES = ("tail", "routed")
 DEFAULT_SITES = frozenset(PDL_SITES)
 
 
-def enabled_sites() -> frozenset[str]:
-    """The sites LMF_PDL turns on (DEFAULT_SITES when unset); an unknown site raises."""
-    value = os.environ.get(PDL_ENV)
-    if value is None:
-        return DEFAULT_SITES
-    value = value.strip().lower()
-    if value in ("", "0", "none", "off"):
-        return frozenset()
-    if value in ("1", "all", "on"):
-        return frozenset(PDL_SITES)
-    sites = frozenset(s.strip() for s in value.split(",") if s.strip())
-    unknown = sorted(sites - set(PDL_SITES))
+def _sites(name: str, value: Any) -> tuple[str, ...]:
+    """The override as the sites it turns on, in PDL_SITES order; an unknown site raises."""
+    if isinstance(value, bool):
+        return PDL_SITES if value else ()
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("", "0", "none", "off"):
+            return ()
+        if text in ("1", "all", "on"):
+            return PDL_SITES
+        given = [s.strip() for s in text.split(",") if s.strip()]
+    else:
+        given = list(value) if isinstance(value, (tuple, list, set, frozenset)) else [value]
+    unknown = sorted({s if isinstance(s, str) else repr(s) for s in given} - set(PDL_SITES))
     if unknown:
-        raise ValueError(f"{PDL_ENV}={value!r}: unknown site(s) {', '.join(unknown)}; expected a comma list of "
+        raise ValueError(f"{name}={value!r}: unknown site(s) {', '.join(unknown)}; expected a comma list of "
                          f"{', '.join(PDL_SITES)}, or all / none")
-    return sites
+    return tuple(s for s in PDL_SITES if s in given)
+
+
+tuning.register(PDL_OVERRIDE, _sites)
+
+
+def enabled_sites() -> frozenset[str]:
+    """The sites the pdl_sites override turns on (DEFAULT_SITES when None)."""
+    sites = tuning.current().pdl_sites
+    return DEFAULT_SITES if sites is None else frozenset(sites)
 
 
 def device_supports_pdl(device: torch.device) -> bool:
     """Hopper or newer, compiled (the interpreter runs no PTX)."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if device.type != "cuda" or envs.read("TRITON_INTERPRET"):
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return capability(index) >= (9, 0)

@@ -24,7 +24,7 @@ the down-projection's stream urgent too (shared_first_urgent), so the shared exp
 Every kernel is the one the two ops launch (same GEMMs, route, grouping and routed kernels), so outputs are
 bitwise those of the two ops wherever the producer runs its shared expert by cuBLAS (beside the register-dequant
 kernels: from 5 tokens on); only the order on the GPU changes. H200, compiled + fused Kimi K3 rank block in CUDA
-graphs, shared first on / off by LMF_SHARED_FIRST on one compile (bench/results/decode_tuning_shared_first.md,
+graphs, shared first on / off by the shared_first_schedule tuning override on one compile (bench/results/decode_tuning_shared_first.md,
 us): M = 8 129.6 / 137.4, M = 16 179.6 / 186.1, M = 32 247.1 / 254.2, M = 64 294.3 / 301.8, M = 128 376.5 /
 389.6; M = 1 78.1 / 76.7 (the producer's Triton shared grids beside the GEMV kernels win there), hence from
 SHARED_FIRST_MIN_TOKENS on. Elsewhere the op runs the two ops in a row.
@@ -36,9 +36,10 @@ import re
 
 import torch
 
+from latent_moe_fusion import tuning
+
 from .backends import Backend, register_backend, select_backend
 from .down_projection import project_down
-from .env import env_choice, env_permutation, env_switch
 from .layouts import PendingFragments, fragment_buffers, fragment_shape, group_size, start_publish
 from .library import _define, _run_routed_backend, _validate_producer
 from .reference import ANY_DEVICE
@@ -48,7 +49,9 @@ from .streams import side_stream
 from .validation import LmfInputError, _fail
 
 OP = "route_and_produce"
-SHARED_FIRST_ENV = "LMF_SHARED_FIRST"  # "1" always shared-first, "0" never (A/B switch); unset: by token count
+# Tuning override (A/B switch): True always shared-first, False never; None: by token count. (Whether the fusion pass
+# inserts this op at all is FusionConfig.shared_first.)
+SHARED_FIRST_OVERRIDE = "shared_first_schedule"
 SHARED_FIRST_MIN_TOKENS = 5  # below: the producer's Triton shared grids beside the routed GEMV kernels win
 # Above: prefill, outside CUDA graphs, where the extra host time before the first launch delays the forward;
 # the fusion pass does not insert the op for a static batch above it (fusion_pass/router_overlap.py).
@@ -60,16 +63,17 @@ SHARED_FIRST_MAX_TOKENS = 128
 # (bench/results/decode_tuning_shared_first_urgent.md; docs/design/decode-schedule.md): router first, then the shared expert, then the down-projection is
 # 2-6 us faster than the shared expert first at M = 16 and 32 in four runs, 3 and 8-9 us slower at M = 64
 # and 128. Hence the router chain first up to ROUTER_FIRST_MAX_TOKENS tokens, the shared expert first beyond.
-SHARED_FIRST_ORDER_ENV = "LMF_SHARED_FIRST_ORDER"
+SHARED_FIRST_ORDER_OVERRIDE = "shared_first_order"  # tuning override
 SHARED_FIRST_BRANCHES = ("shared", "router", "down")
 ROUTER_FIRST_MAX_TOKENS = 32
 # Which branches of the shared-first schedule go on urgent (high-priority) streams (ops/streams.py), so that
 # the block scheduler gives them SM slots before the shared expert's GEMMs: "none"; "route" (the router
 # chain and the down-projection, which the routed L1 waits for; the routed experts on the caller's stream);
-# "all" ("route" and the routed experts). A/B switch, read per call (each CUDA graph keeps what it captured).
+# "all" ("route" and the routed experts). A/B switch (tuning override), read per call (each CUDA graph keeps what it
+# captured).
 # H200 block (same files): "all" with the order above is 3.1 / 3.3 us faster than "none" at M = 8 in two runs;
 # beyond 8 tokens urgency costs 3-4.5 us at M = 16, is within 1.2 us at 32 and 64 and costs 6-9 us at 128.
-SHARED_FIRST_URGENT_ENV = "LMF_SHARED_FIRST_URGENT"
+SHARED_FIRST_URGENT_OVERRIDE = "shared_first_urgent"  # tuning override
 SHARED_FIRST_URGENT_CHOICES = ("none", "route", "all")
 URGENT_MAX_TOKENS = 8
 
@@ -94,22 +98,30 @@ def validate_route_and_produce(*args) -> tuple[int, int, int, int]:
     return m, hidden, world, latent
 
 
+tuning.register(SHARED_FIRST_OVERRIDE, tuning.switch("shared expert first", "never"))
+tuning.register(SHARED_FIRST_ORDER_OVERRIDE,
+                tuning.permutation(SHARED_FIRST_BRANCHES, "the three branches (in launch order)"))
+tuning.register(SHARED_FIRST_URGENT_OVERRIDE,
+                tuning.choice(SHARED_FIRST_URGENT_CHOICES, "the branches on urgent streams"))
+
+
 def shared_first_wanted(num_tokens: int) -> bool:
-    forced = env_switch(SHARED_FIRST_ENV, "shared expert first", "never")
+    forced = tuning.current().shared_first_schedule
     return forced if forced is not None else SHARED_FIRST_MIN_TOKENS <= num_tokens <= SHARED_FIRST_MAX_TOKENS
 
 
 def shared_first_order(num_tokens: int) -> tuple[str, ...]:
-    """The launch order of the shared-first schedule's branches (SHARED_FIRST_ORDER_ENV, else by token count)."""
-    forced = env_permutation(SHARED_FIRST_ORDER_ENV, SHARED_FIRST_BRANCHES, "the three branches (in launch order)")
+    """The launch order of the shared-first schedule's branches (the shared_first_order override, else by token
+    count)."""
+    forced = tuning.current().shared_first_order
     if forced is not None:
         return forced
     return ("router", "shared", "down") if num_tokens <= ROUTER_FIRST_MAX_TOKENS else ("shared", "router", "down")
 
 
 def shared_first_urgent(num_tokens: int) -> str:
-    """Which branches go on urgent streams (SHARED_FIRST_URGENT_ENV, else by token count)."""
-    forced = env_choice(SHARED_FIRST_URGENT_ENV, SHARED_FIRST_URGENT_CHOICES, "the branches on urgent streams")
+    """Which branches go on urgent streams (the shared_first_urgent override, else by token count)."""
+    forced = tuning.current().shared_first_urgent
     return forced or ("all" if num_tokens <= URGENT_MAX_TOKENS else "none")
 
 

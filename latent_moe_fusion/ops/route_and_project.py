@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import torch
 
+from latent_moe_fusion import tuning
+
 from .backends import Backend, register_backend, select_backend
 from .down_projection import project_down
-from .env import env_choice, env_switch
 from .library import _define
 from .reference import ANY_DEVICE
 from .routing import route_reference, router_logits, validate_route_scalars
@@ -35,7 +36,9 @@ from .validation import _fail, check_tensor
 
 OP = "route_and_project"
 ROUTER_GEMMS = ("fp32", "bf16")
-OVERLAP_ENV = "LMF_ROUTER_OVERLAP"  # "1" always side by side, "0" never (A/B switch); unset: by token count
+# Tuning override (A/B switch): True always side by side, False never; None: by token count. (Whether the fusion pass
+# inserts this op at all is FusionConfig.overlap_router.)
+OVERLAP_OVERRIDE = "router_overlap_streams"
 # Side by side up to this many tokens. H200, Kimi K3 rank, CUDA graph, us (one stream / two): M = 1
 # 29.7 / 23.5, M = 32 33.7 / 25.6, M = 64 35.5 / 27.3, M = 128 34.9 / 36.9 (bench/results/router_overlap.md).
 # The fusion pass does not insert the op for a static batch above it (fusion_pass/router_overlap.py).
@@ -45,7 +48,7 @@ OVERLAP_MAX_TOKENS = 64
 # first, on the side stream; the router chain after it on the caller's stream). Either way the side stream
 # forks before both, so neither waits on the other; only the launch order, and so the GPU's, changes. H200,
 # compiled fused block: down first is 3-5 % slower at M = 1 / 8 / 32 (docs/design/decode-schedule.md).
-OVERLAP_ORDER_ENV = "LMF_ROUTER_OVERLAP_ORDER"
+OVERLAP_ORDER_OVERRIDE = "router_overlap_order"  # tuning override
 OVERLAP_ORDERS = ("router", "down")
 
 
@@ -85,13 +88,17 @@ def route_and_project_reference(x, gate_weight, correction_bias, w_down, router_
     return ids, weights, torch.mm(x, w_down.t())
 
 
+tuning.register(OVERLAP_OVERRIDE, tuning.switch("side by side", "one stream"))
+tuning.register(OVERLAP_ORDER_OVERRIDE, tuning.choice(OVERLAP_ORDERS, "the branch launched first; None: router"))
+
+
 def overlap_wanted(num_tokens: int) -> bool:
-    forced = env_switch(OVERLAP_ENV, "side by side", "one stream")
+    forced = tuning.current().router_overlap_streams
     return forced if forced is not None else num_tokens <= OVERLAP_MAX_TOKENS
 
 
 def overlap_order() -> str:
-    return env_choice(OVERLAP_ORDER_ENV, OVERLAP_ORDERS, "the branch launched first; unset: router") or "router"
+    return tuning.current().router_overlap_order or "router"
 
 
 def route_and_project_cuda(x, gate_weight, correction_bias, w_down, router_gemm, top_k, renorm_eps,

@@ -34,12 +34,13 @@ window) takes the torch.distributed path.
 from __future__ import annotations
 
 import importlib.util
-import os
 import warnings
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from latent_moe_fusion import envs
 
 from .layouts import resolve_group
 
@@ -280,20 +281,12 @@ def _itemsize(dtype: torch.dtype) -> int:
     return dtype.itemsize
 
 
-def _env_word(name: str, choices: tuple[str, ...], default: str) -> str:
-    """`name`'s value, case and surrounding spaces ignored (default when unset or empty), one of `choices`."""
-    value = os.environ.get(name, default).strip().lower() or default
-    if value not in choices:
-        raise ValueError(f"{name}={value!r}: expected one of {choices}")
-    return value
-
-
 def _setting() -> str:
-    return _env_word(ENV, CHOICES, "auto")
+    return envs.read(ENV)  # one of CHOICES
 
 
 def _method() -> str:
-    return _env_word(METHOD_ENV, METHODS, DEFAULT_METHOD)
+    return envs.read(METHOD_ENV)  # one of METHODS, DEFAULT_METHOD when unset
 
 
 def _agree_min(value: int, group: dist.ProcessGroup, device: torch.device) -> int:

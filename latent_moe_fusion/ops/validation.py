@@ -6,7 +6,8 @@ import math
 
 import torch
 
-from .env import env_switch
+from latent_moe_fusion import envs
+
 from .layouts import MODES, fragment_shape, group_size
 from .mxfp4 import BLOCK as MXFP4_BLOCK
 
@@ -67,7 +68,7 @@ def device_id_check_enabled() -> bool:
     """The id range check reads the ids back: on a GPU that is a host sync per call, which stops the host
     from queueing ahead (prefill outside CUDA graphs). LMF_CHECK_IDS=0 skips it on CUDA tensors (ids
     >= E then index out of bounds inside the kernels: only for routers known to be correct)."""
-    return env_switch(CHECK_IDS_ENV, on="check the ids, the default", off="skip the check on CUDA tensors") is not False
+    return envs.read(CHECK_IDS_ENV)
 
 
 def _ids_out_of_range(op: str, top: int, num_experts: int) -> None:

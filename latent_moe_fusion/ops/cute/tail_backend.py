@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from latent_moe_fusion import tuning
+
 from ..backends import Backend, forced_backend_name, register_backend
 from ..device import current_capability
 from ..layouts import gather_columns, rank_tail_operands
@@ -26,7 +28,7 @@ from .tail_configs import HIDDEN_MULTIPLE, TILE_K, VEC, bucket_bound
 OP = "latent_tail"
 NAME = "cute"
 INT32_MAX = 2**31 - 1
-CHOICE_ENV = "LMF_CUTE_TAIL_CHOICE"  # path of another choice table (tests, new measurements)
+CHOICE_OVERRIDE = "cute_tail_choice"  # tuning override: the path of another choice table (tests, new measurements)
 # Package data (pyproject.toml), so that an installed wheel chooses as the checkout does.
 DEFAULT_CHOICE = Path(__file__).resolve().with_name("tail_choice.json")
 
@@ -34,21 +36,35 @@ DEFAULT_CHOICE = Path(__file__).resolve().with_name("tail_choice.json")
 @functools.cache
 def _load_choice(path: str, required: bool = False) -> dict[int, str]:
     """{bucket bound: backend name}; empty when the file is absent (Triton keeps every bucket), unless `required`:
-    a table named by CHOICE_ENV must exist, since a mistyped path would hand every bucket to Triton without a word."""
+    a table named by CHOICE_OVERRIDE must exist, since a mistyped path would hand every bucket to Triton without a
+    word."""
     p = Path(path)
     if not p.is_file():
         if required:
-            raise ValueError(f"{CHOICE_ENV}={path!r}: no such file; name a choice table written by bench/tail_cute.py "
-                             "(JSON with a 'choice' of bucket bound -> 'cute' or 'triton'), or unset it for the shipped "
-                             "one")
+            _missing(path)
         return {}
     data = json.loads(p.read_text())
     return {int(bound): str(name) for bound, name in data.get("choice", {}).items()}
 
 
+def _missing(path: str) -> None:
+    raise ValueError(f"{CHOICE_OVERRIDE}={path!r}: no such file; name a choice table written by bench/tail_cute.py "
+                     "(JSON with a 'choice' of bucket bound -> 'cute' or 'triton'), or None for the shipped one")
+
+
+def _choice_path(name: str, value: str | os.PathLike) -> str:
+    path = os.fspath(value)
+    if not Path(path).is_file():
+        _missing(path)
+    return path
+
+
+tuning.register(CHOICE_OVERRIDE, _choice_path)
+
+
 def measured_choice() -> dict[int, str]:
-    """The shipped table, or the one CHOICE_ENV names."""
-    given = os.environ.get(CHOICE_ENV)
+    """The shipped table, or the one the cute_tail_choice override names."""
+    given = tuning.current().cute_tail_choice
     return _load_choice(given, required=True) if given else _load_choice(str(DEFAULT_CHOICE))
 
 

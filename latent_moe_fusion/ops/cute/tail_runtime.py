@@ -9,13 +9,14 @@ compiles and loads ahead, and a launch under capture that would need a compile r
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from latent_moe_fusion import envs
 
 from ..pdl import device_supports_pdl, use_pdl
 from .tail_configs import CuteTailConfig, all_configs, pick_config
@@ -44,7 +45,7 @@ _LOCK = threading.Lock()
 
 def target_arch() -> str:
     """The compile target: CUTE_DSL_ARCH if set (CPU cross-compiles), else sm_90a."""
-    return os.environ.get("CUTE_DSL_ARCH") or DEFAULT_ARCH
+    return envs.read("CUTE_DSL_ARCH") or DEFAULT_ARCH
 
 
 def _cutlass_dtype(dtype: torch.dtype):
@@ -124,7 +125,7 @@ def tail_cute_fused(
     """out [M, N] = round(((y @ w^T) + frags[0]) + ... + frags[R-1]); y [M, K], w [N, K], frags [R, M, N].
 
     The caller checks shapes and strides (backend `supports`); this launches on the current stream.
-    pdl: launch as a programmatic dependent (default: ops/pdl.py's "tail" site, LMF_PDL).
+    pdl: launch as a programmatic dependent (default: ops/pdl.py's "tail" site, the pdl_sites override).
     """
     m, k = y.shape
     n = w.shape[0]
@@ -163,7 +164,7 @@ def warmup(
     """Compile (and, on a CUDA device, load) the kernels serving these M values; call before graph capture.
 
     m_values None means every bucket. device None only compiles (CPU machines). Both launch forms are
-    prepared where PDL can run (LMF_PDL is read per launch), else the plain one.
+    prepared where PDL can run (the pdl_sites override is read per launch), else the plain one.
     """
     cfgs = all_configs() if m_values is None else tuple(dict.fromkeys(pick_config(m) for m in m_values))
     on_cuda = device is not None and torch.device(device).type == "cuda"

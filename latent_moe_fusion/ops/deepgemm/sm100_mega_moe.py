@@ -38,7 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..env import env_switch
+from latent_moe_fusion import envs
+
 from .agree import agreed_for, current_answer
 from .formats import e8m0_as_float, mxfp4_weight_as_deepgemm, quantize_fp8_ue8m0
 from .probe import SM100_MEGA, deep_gemm_module
@@ -119,7 +120,7 @@ def supports(
     if agreed is None or not agreed.has(SM100_MEGA):
         return (f"DeepGEMM MegaMoE not agreed for group {group_name!r}: call "
                 "latent_moe_fusion.ops.deepgemm.prepare_deepgemm_producer on every rank first")
-    if not env_switch(FP8_OPT_IN, on="accept FP8 routed activations", off="keep the BF16 contract, the default"):
+    if not envs.read(FP8_OPT_IN):
         return (f"MegaMoE quantizes routed activations to FP8 e4m3 (the contract keeps BF16); set {FP8_OPT_IN}=1 "
                 "to accept that")
     state = state_for(group_name, mode)

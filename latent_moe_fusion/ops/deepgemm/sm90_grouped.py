@@ -32,8 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
+from latent_moe_fusion import tuning
+
 from ..backends import forced_backend_name
-from ..env import env_choice
 from ..mxfp4 import dequantize_mxfp4
 from ..triton_kernels.situ_rows import situ_rows
 from .agree import current_answer
@@ -41,7 +42,8 @@ from .probe import SM90_GROUPED, deep_gemm_module
 from .weights import WeightCache
 
 NAME = "deepgemm"
-LAYOUT_ENV = "LMF_DEEPGEMM_ROUTED_LAYOUT"  # masked | contiguous (default: by M)
+LAYOUTS = ("masked", "contiguous")
+LAYOUT_OVERRIDE = "deepgemm_routed_layout"  # tuning override: one of LAYOUTS (default: by M)
 MASKED_MAX_M = 128
 MASKED_M_ALIGN = 128  # rows per group of the masked buffers are a multiple of this (see masked_rows)
 _BF16_COPIES = WeightCache("DeepGEMM routed: BF16 copies of MXFP4 weights")
@@ -192,8 +194,11 @@ def routed_contiguous(z, plan, w13, w2, beta, lin_beta, dg) -> torch.Tensor:
     return _combine(out, torch.where(plan.keep, row, 0), plan, z.dtype)
 
 
+tuning.register(LAYOUT_OVERRIDE, tuning.choice(LAYOUTS, "the layout of DeepGEMM's M-grouped GEMMs"))
+
+
 def choose_layout(m: int) -> str:
-    forced = env_choice(LAYOUT_ENV, ("masked", "contiguous"), "the layout of DeepGEMM's M-grouped GEMMs")
+    forced = tuning.current().deepgemm_routed_layout
     if forced is not None:
         return forced
     return "masked" if m <= MASKED_MAX_M else "contiguous"

@@ -4,20 +4,21 @@ one to four tokens (routed_gemv.py, launched by triton_kernels/routed_gemv.py).
 
 Used by the Triton backend's schedule (triton_kernels/expert_schedule.py) for MXFP4 decode blocks
 on Hopper; `regs_path_reason` says why a call cannot take them (None if it can).
-LMF_MXFP4_REGS=0 turns the path off (the Triton kernels then run alone, as before).
+The mxfp4_regs tuning override False turns the path off (the Triton kernels then run alone, as before).
 """
 
 from __future__ import annotations
 
-import os
+from typing import Any
 
 import torch
 
+from latent_moe_fusion import envs, tuning
+
 from ..device import capability
-from ..env import env_choice, env_switch
 from ..mxfp4 import BLOCK as MXFP4_BLOCK
 
-ENV_SWITCH = "LMF_MXFP4_REGS"  # read by producer_config.regs_enabled too (the picked config)
+REGS_OVERRIDE = "mxfp4_regs"  # tuning override; read by producer_config.regs_enabled too (the picked config)
 BLOCK_ROWS = (16, 32, 64, 128)  # rows per expert block the kernels take (the MMA's N at most; decode: 16, 32)
 # A block runs the MMA with N = 16 or 32 on its first rows where no more of them hold a pair (routed_gemm.
 # _valid_rows). 64-row blocks serve beyond decode: each block dequantises its weights once for twice the rows.
@@ -58,10 +59,10 @@ def default_rings(num_pairs: int, block_m: int = 32) -> tuple[str, str]:
     return "tma", "tma" if num_pairs <= L2_TMA_MAX_PAIRS or block_m == 64 else "cp4"
 
 
-RING_ENV = "LMF_MXFP4_RING"  # tuning override: a WEIGHT_RINGS name for both kernels, or "L1,L2"
+RING_OVERRIDE = "mxfp4_ring"  # tuning override: a WEIGHT_RINGS name for both kernels, or "L1,L2"
 # When the TMA ring's step issues the next step's scales and activation tile (ring_loops._next_scales_act):
 # "auto" (after the step's barrier for 32-row MMAs, before its stage wait for 16-row ones), "early", "late".
-LOAD_ORDER_ENV = "LMF_MXFP4_LOAD_ORDER"
+LOAD_ORDER_OVERRIDE = "mxfp4_load_order"  # tuning override
 LOAD_ORDERS = ("auto", "early", "late")
 # Register caps, for 4 CTAs of 4 warps (L1) and 3 of 8 warps (L2) per SM without spills (tests/test_gluon_compile_sm90.py): L1's
 # loads loop would take 151 registers and L2's unrolled rings up to 103 (its K-sliced loads, a single
@@ -74,35 +75,39 @@ L1_MAX_REGISTERS, L2_MAX_REGISTERS = 128, 80
 
 # Tuning override of those caps: "L1,L2" (or one value for both), each a register count in 24 .. 255, "none" (uncapped) or "auto"
 # (the default above), e.g. "128,auto" caps L1's TMA ring at 128 (4 CTAs per SM instead of 3 at 32 rows).
-MAXNREG_ENV = "LMF_MXFP4_MAXNREG"
+MAXNREG_OVERRIDE = "mxfp4_maxnreg"
 
 
-def _per_kernel(raw: str) -> tuple[str, ...]:
-    """An "L1,L2" tuning value split in two (one value serves both); the caller checks the parts."""
-    parts = tuple(raw.split(","))
+def _per_kernel(value: Any) -> tuple[Any, ...]:
+    """An "L1,L2" tuning value (text or a pair) split in two (one value serves both); the caller checks the parts."""
+    parts = tuning.pair(value, ",")
     return parts * 2 if len(parts) == 1 else parts
 
 
-def _maxnreg_override() -> tuple[str, str]:
-    raw = os.environ.get(MAXNREG_ENV, "")
-    if not raw:
-        return "auto", "auto"
-    parts = tuple(p.strip() for p in _per_kernel(raw))
-    ok = len(parts) == 2 and all(p in ("auto", "none") or (p.isdigit() and 24 <= int(p) <= 255) for p in parts)
+def _maxnreg_caps(name: str, value: Any) -> tuple[int | str, int | str]:
+    """The override as (L1, L2), each a register count, "none" or "auto"."""
+    parts = _per_kernel(value)
+    counts = tuple(tuning.whole_number(p) for p in parts)
+    ok = len(parts) == 2 and all(p in ("auto", "none") or (n is not None and 24 <= n <= 255)
+                                 for p, n in zip(parts, counts, strict=True))
     if not ok:
-        raise ValueError(f"{MAXNREG_ENV}={raw!r}: expected L1,L2 (or one value for both), each a register "
+        raise ValueError(f"{name}={value!r}: expected L1,L2 (or one value for both), each a register "
                          "count in 24 .. 255, 'none' (uncapped) or 'auto' (the measured default), e.g. 128,auto")
-    return parts
+    return tuple(p if n is None else n for p, n in zip(parts, counts, strict=True))
+
+
+tuning.register(MAXNREG_OVERRIDE, _maxnreg_caps)
 
 
 def max_registers(kernel: str, ring_kind: str, block_m: int = 32) -> int | None:
     """The maxnreg a register-dequant kernel ("l1" / "l2") is launched with for its ring kind and block rows
-    (MAXNREG_ENV overrides it)."""
-    override = _maxnreg_override()[0 if kernel == "l1" else 1]
+    (the mxfp4_maxnreg override overrides it)."""
+    caps = tuning.current().mxfp4_maxnreg or ("auto", "auto")
+    override = caps[0 if kernel == "l1" else 1]
     if override == "none":
         return None
     if override != "auto":
-        return int(override)
+        return override
     if block_m == 64:
         return None
     if kernel == "l1":
@@ -118,11 +123,14 @@ def _gluon_importable() -> bool:
     return True
 
 
+tuning.register(REGS_OVERRIDE, tuning.switch(on="these kernels wherever they can run, the default",
+                                             off="the Triton tiles"))
+
+
 def regs_switched_off() -> bool:
-    """LMF_MXFP4_REGS=0: the routed MXFP4 experts on the Triton tiles instead of these kernels (1 or unset: these
+    """mxfp4_regs=False: the routed MXFP4 experts on the Triton tiles instead of these kernels (True or None: these
     kernels wherever they can run)."""
-    return env_switch(ENV_SWITCH, on="these kernels wherever they can run, the default",
-                      off="the Triton tiles") is False
+    return tuning.current().mxfp4_regs is False
 
 
 def regs_path_reason(
@@ -132,10 +140,10 @@ def regs_path_reason(
     """Why these routed GEMMs cannot run on the register-dequant kernels (None if they can); fp8: (L1, L2) on FP8
     MMAs (launch_routed_l1_fp8, launch_routed_l2_fp8)."""
     if regs_switched_off():
-        return f"{ENV_SWITCH}=0"
+        return f"{REGS_OVERRIDE}=False"
     if weight_format != "mxfp4":
         return "only MXFP4 weights"
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if envs.read("TRITON_INTERPRET"):
         return "Gluon kernels do not run under TRITON_INTERPRET=1"
     if not z.is_cuda or capability(z.device.index) != (9, 0):
         return "needs an sm_90 GPU (warpgroup MMA with a register operand)"
@@ -171,21 +179,26 @@ def split_reason(split: tuple[int, int], latent: int, inter: int) -> str | None:
     return None
 
 
-def weight_rings(num_pairs: int, block_m: int = 32) -> tuple[str, str]:
-    """How L1 and L2 bring their weight words (WEIGHT_RINGS): RING_ENV overrides the measured choice
-    (default_rings), with one name for both kernels or "L1,L2"."""
-    raw = os.environ.get(RING_ENV, "")
-    if not raw:
-        return default_rings(num_pairs, block_m)
-    names = _per_kernel(raw)
+def _rings(name: str, value: Any) -> tuple[str, str]:
+    names = _per_kernel(value)
     if len(names) != 2 or any(n not in WEIGHT_RINGS for n in names):
-        raise ValueError(f"{RING_ENV}={raw!r}: expected one of {', '.join(WEIGHT_RINGS)}, or two of them as L1,L2")
+        raise ValueError(f"{name}={value!r}: expected one of {', '.join(WEIGHT_RINGS)}, or two of them as L1,L2")
     return names
 
 
+tuning.register(RING_OVERRIDE, _rings)
+tuning.register(LOAD_ORDER_OVERRIDE, tuning.choice(LOAD_ORDERS))
+
+
+def weight_rings(num_pairs: int, block_m: int = 32) -> tuple[str, str]:
+    """How L1 and L2 bring their weight words (WEIGHT_RINGS): the mxfp4_ring override replaces the measured choice
+    (default_rings), with one name for both kernels or "L1,L2"."""
+    return tuning.current().mxfp4_ring or default_rings(num_pairs, block_m)
+
+
 def load_order() -> str:
-    """The TMA ring's load order (LOAD_ORDERS): LOAD_ORDER_ENV, "auto" when unset."""
-    return env_choice(LOAD_ORDER_ENV, LOAD_ORDERS) or "auto"
+    """The TMA ring's load order (LOAD_ORDERS): the mxfp4_load_order override, "auto" when None."""
+    return tuning.current().mxfp4_load_order or "auto"
 
 
 def ring_for(ring: str, k_steps: int, split: int) -> str:

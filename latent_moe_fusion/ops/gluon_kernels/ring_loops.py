@@ -43,7 +43,7 @@ def _next_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, i, DUAL: g
     of the loop one scoreboard, so a step that issues these before it reads step i's activation registers
     waits for them too (ncu: a fifth of L1's stall samples at M = 8 on that wait). The TMA ring's step
     issues them after its barrier ("late") for 32-row MMAs, before its stage wait ("early") for 16-row ones
-    (ORDER "auto"; gluon_kernels.LOAD_ORDER_ENV forces either): with the late issue ptxas also fits L1's
+    (ORDER "auto"; the mxfp4_load_order tuning override forces either): with the late issue ptxas also fits L1's
     32-row kernel in 155 registers instead of 177 (3 CTAs per SM instead of 2; 167 against 185 with the
     double activation buffer, when L1 at M = 128 took 405 against 453 us); 16-row MMAs were faster early
     (73.8 against 75.0 us at M = 8; H200, double buffer; docs/design/routed-decode.md). The cp.async

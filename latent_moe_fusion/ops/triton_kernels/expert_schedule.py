@@ -34,7 +34,8 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from ..env import env_choice, env_switch
+from latent_moe_fusion import tuning
+
 from ..gluon_kernels import (
     FP8_K_MULTIPLE,
     launch_routed_l1,
@@ -163,20 +164,26 @@ def _resolve_config(
     return cfg
 
 
-GROUP_FIRST_ENV = "LMF_GROUP_FIRST"  # A/B switch: "1" the grouping before the shared expert's side-stream fork, "0" after
+# Tuning overrides (tuning.py) of the schedule's measured choices.
+GROUP_FIRST_OVERRIDE = "group_first"  # A/B switch: True the grouping before the shared expert's side-stream fork, False after
 GROUP_AFTER_FORK_MAX_TOKENS = 1  # beside the regs kernels, up to here the grouping goes after the fork
-SHARED_ENV = "LMF_REGS_SHARED"  # override: side | cublas | cublas_side
+SHARED_OVERRIDE = "regs_shared"  # one of SHARED_STRATEGIES
 SHARED_STRATEGIES = ("side", "cublas", "cublas_side")
 SHARED_SIDE_MAX_TOKENS = 4  # up to here: the Triton shared grids on the side stream
 SHARED_CUBLAS_SIDE_MAX_TOKENS = 16  # up to here: cuBLAS on the side stream; beyond: cuBLAS in line
-GRID_SHARED_ENV = "LMF_GRID_SHARED"  # override for the Triton routed grids: grid | cublas
+GRID_SHARED_OVERRIDE = "grid_shared"  # for the Triton routed grids: one of GRID_SHARED_STRATEGIES
 GRID_SHARED_STRATEGIES = ("grid", "cublas")
 GRID_SHARED_MAX_TOKENS = 256  # prefill beyond: cuBLAS (measured at 4096); decode sizes keep one launch
 
 
-SHARED_IN_LINE_ENV = "LMF_SHARED_IN_LINE"  # A/B switch for the in-line library GEMMs: "first" | "after_l1"
+SHARED_IN_LINE_OVERRIDE = "shared_in_line"  # A/B switch for the in-line library GEMMs: "first" | "after_l1"
 SHARED_IN_LINE_CHOICES = ("first", "after_l1")
 SHARED_IN_LINE_FIRST_MIN_TOKENS = GRID_SHARED_MAX_TOKENS + 1  # prefill: outside CUDA graphs
+
+tuning.register(GROUP_FIRST_OVERRIDE, tuning.switch("group first", "after the fork"))
+tuning.register(SHARED_OVERRIDE, tuning.choice(SHARED_STRATEGIES, "where the shared expert runs"))
+tuning.register(GRID_SHARED_OVERRIDE, tuning.choice(GRID_SHARED_STRATEGIES, "where the shared expert runs"))
+tuning.register(SHARED_IN_LINE_OVERRIDE, tuning.choice(SHARED_IN_LINE_CHOICES, "where the in-line shared GEMMs go"))
 
 
 def in_line_library_first(m_s: int) -> bool:
@@ -185,16 +192,12 @@ def in_line_library_first(m_s: int) -> bool:
     while the GPU may have little queued: with the shared GEMMs (~0.2 ms of GPU at M = 4096) queued first, the GPU
     computes them meanwhile. H200 block at M = 4096, one compile per A/B, back to back: first 2973 /
     3015 against 2998 / 3025 us in two A/Bs (docs/design/prefill.md; the rounds' ranges overlap): at most 10-25 us. The same kernels on one stream: the same bits.
-    Decode sizes (in CUDA graphs, no host gaps) keep the order they were tuned with. SHARED_IN_LINE_ENV forces."""
-    forced = env_choice(SHARED_IN_LINE_ENV, SHARED_IN_LINE_CHOICES, "where the in-line shared GEMMs go")
+    Decode sizes (in CUDA graphs, no host gaps) keep the order they were tuned with. The shared_in_line override
+    forces."""
+    forced = tuning.current().shared_in_line
     if forced:
         return forced == "first"
     return m_s >= SHARED_IN_LINE_FIRST_MIN_TOKENS
-
-
-def _forced(env: str, choices: tuple[str, ...]) -> str | None:
-    """The placement an environment variable forces (None when unset); an unknown one raises."""
-    return env_choice(env, choices, "where the shared expert runs")
 
 
 def shared_strategy(m_s: int) -> str:
@@ -211,7 +214,7 @@ def shared_strategy(m_s: int) -> str:
     M = 32: 320.5 / 345.3 / 314.4. Re-measured after the decode kernels changed:
     M = 1: side 93.6 / cublas_side 97.0; M = 8: cublas_side 163.5 / side 169.5.
     """
-    forced = _forced(SHARED_ENV, SHARED_STRATEGIES)
+    forced = tuning.current().regs_shared
     if forced:
         return forced
     if m_s <= SHARED_SIDE_MAX_TOKENS:
@@ -224,7 +227,7 @@ def grid_shared_strategy(m_s: int) -> str:
     one launch per layer), or as cuBLAS GEMMs between them ("cublas", beyond GRID_SHARED_MAX_TOKENS).
     H200, whole block at M = 4096 in alternating rounds (docs/design/prefill.md): grid 4622 us,
     cublas 4562 us; the grid's shared tiles took ~270 us against ~190 us for cuBLAS (by kernel time)."""
-    forced = _forced(GRID_SHARED_ENV, GRID_SHARED_STRATEGIES)
+    forced = tuning.current().grid_shared
     if forced:
         return forced
     return "cublas" if m_s > GRID_SHARED_MAX_TOKENS else "grid"
@@ -402,7 +405,7 @@ def run_experts(
     # at M = 8 on the routed chain, the critical one there (H200 block, group first: 111.0 / 148.7 /
     # 202.9 us against 113.7 / 153.2 / 205.6 at M = 2 / 4 / 8; docs/design/decode-schedule.md). A single
     # token's shared chain is the critical one: its grouping goes after the side stream's fork.
-    forced = env_switch(GROUP_FIRST_ENV, "group first", "after the fork")
+    forced = tuning.current().group_first
     group_first = not regs or (forced if forced is not None else topk_ids.shape[0] > GROUP_AFTER_FORK_MAX_TOKENS)
     choice = None
     if choice_bm:

@@ -5,16 +5,17 @@ docs/design/producer.md, routed-decode.md and prefill.md.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
+from latent_moe_fusion import envs, tuning
+
 from ..device import current_capability
 from ..gluon_kernels import BLOCK_ROWS as REGS_BLOCK_M
-from ..gluon_kernels import ENV_SWITCH as REGS_ENV_SWITCH
-from ..gluon_kernels import regs_switched_off
-from .routed_gemv import ROUTED_GEMV_ENV, ROUTED_GEMV_MAX_PAIRS, routed_gemv_setting
+from ..gluon_kernels import REGS_OVERRIDE, regs_switched_off
+from .routed_gemv import ROUTED_GEMV_MAX_PAIRS, ROUTED_GEMV_OVERRIDE, routed_gemv_setting
 from .weight_tiles import DEQUANT_ASM_PAIRS, DEQUANT_LUT, DEQUANT_TRITON
 
 
@@ -101,7 +102,7 @@ def _fit_bk(bk: int, k_dims: tuple[int, ...], mxfp4: bool) -> int:
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return envs.read("TRITON_INTERPRET")
 
 
 DECODE_PAIRS = 4096  # up to here (M * top_k) every expert holds few rows: stream weights with BM = 16
@@ -125,7 +126,7 @@ def decode_block_m(num_pairs: int, num_experts: int) -> int:
 SPLIT_K_MAX_PAIRS = 16
 DECODE_SPLIT_K = (2, 2)
 
-REGS_SPLIT_ENV = "LMF_REGS_SPLIT"  # "L1,L2": tuning override of the register-dequant kernels' K slices
+REGS_SPLIT_OVERRIDE = "regs_split"  # "L1,L2": tuning override of the register-dequant kernels' K slices
 # H200, M = 1 (docs/design/routed-decode.md; two runs, the second with the column-chunked combine): L1 in 4 slices
 # and L2 in 2. One token per row (a rank's EP share): routed op 47.1 -> 41.8 and 46.2 -> 40.8 us,
 # producer 57.7 -> 57.2 and 56.9 -> 55.1 (its shared expert on the side stream takes the SMs the extra
@@ -134,22 +135,29 @@ REGS_SPLIT_ENV = "LMF_REGS_SPLIT"  # "L1,L2": tuning override of the register-de
 REGS_DECODE_SPLIT = (4, 2)
 
 
-def regs_decode_split(num_pairs: int) -> tuple[int, int]:
-    """K slices of the register-dequant kernels: split for a single token (few programs), never beyond;
-    REGS_SPLIT_ENV overrides the choice at any size (tuning)."""
-    forced = os.environ.get(REGS_SPLIT_ENV)
-    if not forced:
-        return REGS_DECODE_SPLIT if num_pairs <= SPLIT_K_MAX_PAIRS else (1, 1)
+def _slice_counts(name: str, value: Any) -> tuple[int, int]:
     try:
-        l1, l2 = (int(v) for v in forced.split(","))
-    except ValueError:
-        raise ValueError(f"{REGS_SPLIT_ENV}={forced!r}: expected two slice counts, e.g. 2,4") from None
+        l1, l2 = (int(v) for v in tuning.pair(value, ","))
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r}: expected two slice counts, e.g. 2,4") from None
     if l1 < 1 or l2 < 1:
-        raise ValueError(f"{REGS_SPLIT_ENV}={forced!r}: slice counts must be >= 1")
+        raise ValueError(f"{name}={value!r}: slice counts must be >= 1")
     return l1, l2
 
 
-SHARED_TILES_ENV = "LMF_PRODUCER_DECODE_SHARED_TILES"  # "BNxBK": tuning override, e.g. "16x128"
+tuning.register(REGS_SPLIT_OVERRIDE, _slice_counts)
+
+
+def regs_decode_split(num_pairs: int) -> tuple[int, int]:
+    """K slices of the register-dequant kernels: split for a single token (few programs), never beyond;
+    the regs_split override replaces the choice at any size (tuning)."""
+    forced = tuning.current().regs_split
+    if forced is None:
+        return REGS_DECODE_SPLIT if num_pairs <= SPLIT_K_MAX_PAIRS else (1, 1)
+    return forced
+
+
+SHARED_TILES_OVERRIDE = "producer_decode_shared_tiles"  # "BNxBK": tuning override, e.g. "16x128"
 DECODE_SHARED_TILES = (32, 64)  # (rows, K) of the MXFP4 decode shared gate/up programs: H200 sweep, docs/design/producer.md
 
 
@@ -168,38 +176,34 @@ FEW_TOKENS_SPLIT_MAX_PAIRS = 32
 def decode_shared_tiles(default: tuple[int, int] = DECODE_SHARED_TILES) -> tuple[int, int]:
     """The shared-expert gate/up tile of the MXFP4 decode configs. The shared GEMM is I_s / rows
     programs deep in K = H, so narrow tiles spread its BF16 weight stream over more SMs."""
-    forced = os.environ.get(SHARED_TILES_ENV)
-    if not forced:
-        return default
+    return tuning.current().producer_decode_shared_tiles or default
+
+
+def _shared_tiles(name: str, value: Any) -> tuple[int, int]:
     try:
-        bn, bk = (int(v) for v in forced.lower().split("x"))
-    except ValueError:
-        raise ValueError(f"{SHARED_TILES_ENV}={forced!r}: expected ROWSxK, e.g. 16x128") from None
+        bn, bk = (int(v) for v in tuning.pair(value.lower() if isinstance(value, str) else value, "x"))
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r}: expected ROWSxK, e.g. 16x128") from None
     if bn < 16 or bk < 16 or bn & (bn - 1) or bk & (bk - 1):
-        raise ValueError(f"{SHARED_TILES_ENV}={forced!r}: rows and K must be powers of two >= 16")
+        raise ValueError(f"{name}={value!r}: rows and K must be powers of two >= 16")
     return bn, bk
 
 
-SHARED_SPLIT_ENV = "LMF_PRODUCER_SHARED_SPLIT"  # tuning override: K slices of the single-token shared gate/up
-SHARED_L2_ROWS_ENV = "LMF_PRODUCER_SHARED_L2_ROWS"  # tuning override: weight rows per shared down program
-SHARED_L2_K_ENV = "LMF_PRODUCER_SHARED_L2_K"  # tuning override: K tile of the shared down programs
+tuning.register(SHARED_TILES_OVERRIDE, _shared_tiles)
+
+
+SHARED_SPLIT_OVERRIDE = "producer_shared_split"  # tuning override: K slices of the single-token shared gate/up
+SHARED_L2_ROWS_OVERRIDE = "producer_shared_l2_rows"  # tuning override: weight rows per shared down program
+SHARED_L2_K_OVERRIDE = "producer_shared_l2_k"  # tuning override: K tile of the shared down programs
 # Beside the regs kernels the Triton L2 grid holds only BF16 shared tiles, so the shallow K tile that sized
 # shared memory for the routed MXFP4 tiles need not hold. A single token's block: 94.0 / 94.3 / 95.1 us with
 # K tiles 64 / 128 / 32 (H200, docs/design/decode-schedule.md); larger M keeps 32 (not measured).
 REGS_SINGLE_TOKEN_SHARED_L2_K = 64
 
 
-def _env_power_of_two(name: str, default: int, low: int) -> int:
-    forced = os.environ.get(name)
-    if not forced:
-        return default
-    try:
-        value = int(forced)
-    except ValueError:
-        raise ValueError(f"{name}={forced!r}: expected a power of two >= {low}") from None
-    if value < low or value & (value - 1):
-        raise ValueError(f"{name}={forced!r}: expected a power of two >= {low}")
-    return value
+tuning.register(SHARED_SPLIT_OVERRIDE, tuning.power_of_two(1))
+tuning.register(SHARED_L2_ROWS_OVERRIDE, tuning.power_of_two(16))
+tuning.register(SHARED_L2_K_OVERRIDE, tuning.power_of_two(16))
 
 
 def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_experts: int = 1 << 30) -> ProducerConfig:
@@ -241,15 +245,16 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
                 # (2, 4, 8 from M = 8 on) were slower on the H200 (docs/design/decode-schedule.md).
                 split = FEW_TOKENS_SHARED_SPLIT if SPLIT_K_MAX_PAIRS < num_pairs <= FEW_TOKENS_SPLIT_MAX_PAIRS else \
                     REGS_SINGLE_TOKEN_SHARED_SPLIT
-                split = _env_power_of_two(SHARED_SPLIT_ENV, split, 1) if single else 1
-                bn2_s = _env_power_of_two(SHARED_L2_ROWS_ENV, 64, 16)
-                bk2_s = _env_power_of_two(SHARED_L2_K_ENV, REGS_SINGLE_TOKEN_SHARED_L2_K if single else 32, 16)
+                knobs = tuning.current()
+                split = (knobs.producer_shared_split or split) if single else 1
+                bn2_s = knobs.producer_shared_l2_rows or 64
+                bk2_s = knobs.producer_shared_l2_k or (REGS_SINGLE_TOKEN_SHARED_L2_K if single else 32)
                 regs_split = regs_decode_split(num_pairs)
                 # FP8 (ROUTED_FP8_ENV) where few rows per hit expert are expected (16-row blocks): 8-row blocks then
                 # hold most experts' rows. Where the grouping takes 32 rows (M = 128 in the Kimi K3 block) the FP8 L1
                 # gained 11 us and L2 lost 12 in 8-row blocks, and the FP8 L1 in 8-row parts of the 32-row blocks
-                # gained nothing (docs/design/routed-dequantisation.md): not taken there, nor where LMF_PREFILL_REGS
-                # forces 16-row blocks.
+                # gained nothing (docs/design/routed-dequantisation.md): not taken there, nor where the prefill_regs
+                # override forces 16-row blocks.
                 few_rows = decode_bm == bm == 16
                 fp8 = routed_fp8_layers() if not gemv and regs_split == (1, 1) and few_rows else (False, False)
                 return ProducerConfig(FP8_BLOCK_M if any(fp8) else bm,
@@ -290,7 +295,7 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
 # dispatched to this rank all of them, so every bound below counts pairs as if all were local. Before the staged kernels the
 # host took the regs kernels outright while that count stayed within PREFILL_REGS_MAX_ROWS per expert (M <= 28672 at
 # 112 experts; the tiles' margin was gone at 4681 rows) and beyond it let the GPU pick (PREFILL_CHOICE_MAX_ROWS below):
-# now LMF_PREFILL_REGS=choice.
+# now the prefill_regs override "choice".
 # Beyond PREFILL_STAGED_MIN_ROWS the 128-row blocks of the staged kernels (gluon_kernels/routed_staged.py: each program
 # dequantises its weights once into shared memory for 128 rows, asynchronous wgmma) take over, at any size. H200, Kimi
 # K3 rank, routed op: staged against 64-row blocks 0.83x at 30 rows per hit expert (EP share of M = 1024), 0.98x at 57
@@ -300,38 +305,49 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
 # 1.09x / 1.00x (prefill_regs.md). The host sees only the all-local count: at 512 of it (M = 3584 at 112 experts, 1/8
 # of it local on an EP share) every routing measured is past the crossover.
 # "0": the Triton tiles there; "16" / "32" / "64" / "128": those blocks at any size; "choice": the policy before
-PREFILL_REGS_ENV = "LMF_PREFILL_REGS"
+PREFILL_REGS_OVERRIDE = "prefill_regs"  # tuning override
 PREFILL_REGS_FEW_ROWS = 128  # pairs per local expert, were every pair local: 32-row blocks up to here
 PREFILL_REGS_FEW_BLOCK_M = 32
 PREFILL_REGS_BLOCK_M = 64
 PREFILL_STAGED_MIN_ROWS = 512  # pairs per local expert, were every pair local: 128-row staged blocks beyond here
 PREFILL_STAGED_BLOCK_M = 128
-# LMF_PREFILL_REGS=choice: the policy before the staged kernels, kept to compare: 32- and 64-row blocks up to
+# prefill_regs="choice": the policy before the staged kernels, kept to compare: 32- and 64-row blocks up to
 # PREFILL_REGS_MAX_ROWS pairs per local expert counted as if every pair were local, beyond that a choice on the GPU
 # between the 64-row blocks and the Triton tiles by the local experts' mean rows (moe_align_choice.py).
 PREFILL_CHOICE_SETTING = "choice"
 PREFILL_REGS_MAX_ROWS = 4096
 
 
+def _prefill_rows(name: str, value: Any) -> int | str:
+    """The override as 0, a block of REGS_BLOCK_M rows or PREFILL_CHOICE_SETTING."""
+    if value == PREFILL_CHOICE_SETTING:
+        return value
+    rows = tuning.whole_number(value)
+    if rows not in (0, *REGS_BLOCK_M):
+        raise ValueError(f"{name}={value!r}: expected 0 (the Triton tiles), a block of "
+                         f"{' or '.join(str(b) for b in REGS_BLOCK_M)} rows for the register-side kernels, "
+                         f"{PREFILL_CHOICE_SETTING!r} (the GPU's choice beyond {PREFILL_REGS_MAX_ROWS} rows per expert) "
+                         "or None")
+    return rows
+
+
+tuning.register(PREFILL_REGS_OVERRIDE, _prefill_rows)
+
+
 def prefill_regs_block_m(num_pairs: int, num_experts: int) -> int:
     """Rows per block of the register-side kernels where the decode blocks end (0: the Triton tiles)."""
-    forced = os.environ.get(PREFILL_REGS_ENV, "")
-    if forced in ("", PREFILL_CHOICE_SETTING):
+    forced = tuning.current().prefill_regs
+    if forced in (None, PREFILL_CHOICE_SETTING):
         rows = rows_per_expert(num_pairs, num_experts)
         if rows <= PREFILL_REGS_FEW_ROWS:
             return PREFILL_REGS_FEW_BLOCK_M
         if forced == PREFILL_CHOICE_SETTING:
             return PREFILL_REGS_BLOCK_M if rows <= PREFILL_REGS_MAX_ROWS else 0
         return PREFILL_REGS_BLOCK_M if rows <= PREFILL_STAGED_MIN_ROWS else PREFILL_STAGED_BLOCK_M
-    if forced not in ("0", *(str(b) for b in REGS_BLOCK_M)):
-        raise ValueError(f"{PREFILL_REGS_ENV}={forced!r}: expected 0 (the Triton tiles), a block of "
-                         f"{' or '.join(str(b) for b in REGS_BLOCK_M)} rows for the register-side kernels, "
-                         f"{PREFILL_CHOICE_SETTING!r} (the GPU's choice beyond {PREFILL_REGS_MAX_ROWS} rows per expert) "
-                         "or unset")
-    return int(forced)
+    return forced
 
 
-# Under LMF_PREFILL_REGS=choice, beyond that host-side bound the grouping counts the local pairs on the GPU and takes
+# Under prefill_regs="choice", beyond that host-side bound the grouping counts the local pairs on the GPU and takes
 # the 64-row blocks while the experts it hits hold at most PREFILL_CHOICE_MAX_ROWS rows on average
 # (moe_align_choice.py): above, those won up to 2341 rows and tied at 4681 (0.99x there, 1.02x in prefill_regs.md
 # before the staged kernels). Both kernel families launch; the unpicked one's programs read their block's expert (-1)
@@ -341,12 +357,12 @@ PREFILL_CHOICE_MAX_ROWS = 4096
 
 def prefill_device_choice() -> bool:
     """Whether calls beyond prefill_regs_block_m's host-side bound pick their kernels on the GPU
-    (LMF_PREFILL_REGS=choice)."""
-    return os.environ.get(PREFILL_REGS_ENV, "") == PREFILL_CHOICE_SETTING
+    (prefill_regs="choice")."""
+    return tuning.current().prefill_regs == PREFILL_CHOICE_SETTING
 
 
 def routed_gemv_picked(num_pairs: int) -> bool:
-    """The routed GEMV kernels for up to ROUTED_GEMV_MAX_PAIRS pairs (LMF_ROUTED_GEMV=0 / 1 forces)."""
+    """The routed GEMV kernels for up to ROUTED_GEMV_MAX_PAIRS pairs (the routed_gemv override False / True forces)."""
     forced, _ = routed_gemv_setting()
     return forced if forced is not None else num_pairs <= ROUTED_GEMV_MAX_PAIRS
 
@@ -365,16 +381,12 @@ FP8_BLOCK_M = 8  # rows per block on that path: most of a decode batch's hit exp
 
 def routed_fp8_forced() -> bool:
     """Whether ROUTED_FP8_ENV is set (to anything but empty): the FP8 path then raises where it cannot run."""
-    return bool(os.environ.get(ROUTED_FP8_ENV, ""))
+    return envs.is_set(ROUTED_FP8_ENV)
 
 
 def routed_fp8_layers() -> tuple[bool, bool]:
     """(L1, L2) on FP8 MMAs as ROUTED_FP8_ENV asks (unset: ROUTED_FP8_DEFAULT, the L1)."""
-    raw = os.environ.get(ROUTED_FP8_ENV, "") or ROUTED_FP8_DEFAULT
-    if raw not in ROUTED_FP8_CHOICES:
-        raise ValueError(f"{ROUTED_FP8_ENV}={raw!r}: expected one of {', '.join(ROUTED_FP8_CHOICES)} (1: the L1 on FP8 "
-                         "MMAs, the default; l1,l2: both layers; 0: neither, the bf16 kernels)")
-    return ROUTED_FP8_CHOICES[raw]
+    return ROUTED_FP8_CHOICES[envs.read(ROUTED_FP8_ENV) or ROUTED_FP8_DEFAULT]
 
 
 def regs_enabled() -> bool:
@@ -391,12 +403,15 @@ def _has_sm90() -> bool:
     return capability is not None and capability >= (9, 0)
 
 
-# Everything besides its arguments that pick_config reads: the environment variables below and the
-# device checks. config_context() snapshots them, so that a cache of picked configs keyed on it
+# Everything besides its arguments that pick_config reads: the environment variables and tuning overrides below and
+# the device checks. config_context() snapshots them, so that a cache of picked configs keyed on it
 # (expert_schedule.resolve_config) follows every change.
-CONFIG_ENVS = ("TRITON_INTERPRET", REGS_ENV_SWITCH, PREFILL_REGS_ENV, REGS_SPLIT_ENV, SHARED_TILES_ENV, SHARED_SPLIT_ENV,
-               SHARED_L2_ROWS_ENV, SHARED_L2_K_ENV, ROUTED_GEMV_ENV, ROUTED_FP8_ENV)
+CONFIG_ENVS = ("TRITON_INTERPRET", ROUTED_FP8_ENV)
+CONFIG_OVERRIDES = (REGS_OVERRIDE, PREFILL_REGS_OVERRIDE, REGS_SPLIT_OVERRIDE, SHARED_TILES_OVERRIDE,
+                    SHARED_SPLIT_OVERRIDE, SHARED_L2_ROWS_OVERRIDE, SHARED_L2_K_OVERRIDE, ROUTED_GEMV_OVERRIDE)
 
 
 def config_context() -> tuple:
-    return tuple(os.environ.get(name) for name in CONFIG_ENVS) + (_has_sm90(), _is_hopper())
+    knobs = tuning.current()
+    return (tuple(envs.raw(name) for name in CONFIG_ENVS) + tuple(getattr(knobs, name) for name in CONFIG_OVERRIDES)
+            + (_has_sm90(), _is_hopper()))

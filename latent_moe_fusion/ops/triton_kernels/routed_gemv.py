@@ -28,14 +28,17 @@ kernel (like the reference dequantiser) as 2^-127.
 
 from __future__ import annotations
 
-import os
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+
+from latent_moe_fusion import tuning
 
 from ..device import capability
 from .numerics import round_to, situ
@@ -180,20 +183,34 @@ class RoutedGemvConfig:
 # token and 4x4 for two to four: 84.8 / 89.1 / 130.7 us at M = 1 / 2 / 4 against 84.9 / 89.5 / 134.6 (two runs:
 # docs/design/routed-decode.md); the routed op alone: bench/results/routed_gemv.md.
 ROUTED_GEMV_CONFIG = RoutedGemvConfig(l1_rows=2, l2_rows=2, words=64, num_warps=1, pair_programs=2, max_registers=80)
-ROUTED_GEMV_ENV = "LMF_ROUTED_GEMV"  # "0" off, "1" on for any decode size, or L1ROWSxL2ROWSxWORDS[wW][pP][b][f][rR]
+# Tuning override: False off, True on for any decode size, or a spec L1ROWSxL2ROWSxWORDS[wW][pP][b][f][rR] (on, that shape)
+ROUTED_GEMV_OVERRIDE = "routed_gemv"
 ROUTED_GEMV_MAX_PAIRS = 64  # (token, slot) pairs up to which pick_config takes this path: four top-16 tokens
 MAX_PAIRS = 1024  # every program ranks all ids in registers
 
 
 def routed_gemv_setting() -> tuple[bool | None, RoutedGemvConfig]:
-    """(forced on / off / None: by size, the configuration) from LMF_ROUTED_GEMV; bad values raise. One
-    configuration serves every size (ROUTED_GEMV_CONFIG) unless a spec gives another."""
-    forced = os.environ.get(ROUTED_GEMV_ENV, "")
-    if forced in ("", "0", "1"):
-        return (None if not forced else forced == "1"), ROUTED_GEMV_CONFIG
-    match = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:p(\d+))?(b?)(f?)(?:r(\d+))?", forced)
+    """(forced on / off / None: by size, the configuration) from the routed_gemv override. One configuration
+    serves every size (ROUTED_GEMV_CONFIG) unless a spec gives another."""
+    forced = tuning.current().routed_gemv
+    if forced is None or isinstance(forced, bool):
+        return forced, ROUTED_GEMV_CONFIG
+    return True, _cached_spec_config(ROUTED_GEMV_OVERRIDE, forced)
+
+
+def _setting(name: str, value: Any) -> bool | str:
+    """The override as True / False, or a spec (checked)."""
+    if value in (True, False, "0", "1") and not isinstance(value, float):
+        return value in (True, "1")
+    _spec_config(name, value)
+    return value
+
+
+def _spec_config(name: str, forced: Any) -> RoutedGemvConfig:
+    match = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:p(\d+))?(b?)(f?)(?:r(\d+))?", forced) \
+        if isinstance(forced, str) else None
     if match is None:
-        raise ValueError(f"{ROUTED_GEMV_ENV}={forced!r}: expected 0, 1 or L1ROWSxL2ROWSxWORDS[wWARPS][pPAIRS][b][f][rREGS], "
+        raise ValueError(f"{name}={forced!r}: expected 0, 1 or L1ROWSxL2ROWSxWORDS[wWARPS][pPAIRS][b][f][rREGS], "
                          "e.g. 4x4x64w1p2")
     l1, l2, words, warps, pairs, bf16_scale, prefetch, regs = match.groups()
     base = ROUTED_GEMV_CONFIG
@@ -202,8 +219,12 @@ def routed_gemv_setting() -> tuple[bool | None, RoutedGemvConfig]:
                                int(pairs or base.pair_programs), not bf16_scale, bool(prefetch),
                                int(regs) if regs else None)
     except ValueError as err:
-        raise ValueError(f"{ROUTED_GEMV_ENV}={forced!r}: {err}") from None
-    return True, cfg
+        raise ValueError(f"{name}={forced!r}: {err}") from None
+    return cfg
+
+
+_cached_spec_config = functools.cache(_spec_config)  # per call: a spec checked on entry, parsed once
+tuning.register(ROUTED_GEMV_OVERRIDE, _setting)
 
 
 def routed_gemv_reason(

@@ -17,10 +17,12 @@ counters); a call under capture that finds no counters gets fresh zeroed ones (a
 
 from __future__ import annotations
 
-import os
 import threading
+from typing import Any
 
 import torch
+
+from latent_moe_fusion import envs, tuning
 
 from ..backends import Backend, register_backend
 from ..device import current_capability
@@ -47,7 +49,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return envs.read("TRITON_INTERPRET")
 
 
 def _num_sms(device: torch.device) -> int:
@@ -115,7 +117,7 @@ def _tma_ok(a: torch.Tensor, w: torch.Tensor) -> bool:
     )
 
 
-PREFETCH_ENV = "LMF_TAIL_PREFETCH"  # override of TAIL_PREFETCH_STEPS (benchmarks)
+PREFETCH_OVERRIDE = "tail_prefetch"  # tuning override of TAIL_PREFETCH_STEPS (benchmarks)
 TAIL_PREFETCH_STEPS = 2  # K steps of each weight row sent to L2 before a dependent decode tail waits (H200, M = 1:
 # 2 steps best of 0 / 2 / 4 / 7 / 14, whole slices slowest; docs/design/decode-schedule.md)
 
@@ -126,12 +128,18 @@ def _prefetch_steps(w: torch.Tensor, k: int, block_k: int) -> int:
     aligned = w.stride(1) == 1 and (w.stride(0) * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0
     if not aligned or k % block_k or (block_k * w.element_size()) % 16:
         return 0
-    forced = os.environ.get(PREFETCH_ENV)
-    if forced is None:
-        return TAIL_PREFETCH_STEPS
-    if not forced.isdigit():
-        raise ValueError(f"{PREFETCH_ENV}={forced!r}: expected a count of K steps >= 0")
-    return int(forced)
+    forced = tuning.current().tail_prefetch
+    return TAIL_PREFETCH_STEPS if forced is None else forced
+
+
+def _prefetch_count(name: str, value: Any) -> int:
+    steps = tuning.whole_number(value)
+    if steps is None or steps < 0:
+        raise ValueError(f"{name}={value!r}: expected a count of K steps >= 0")
+    return steps
+
+
+tuning.register(PREFETCH_OVERRIDE, _prefetch_count)
 
 
 def _frag_group(config: TailConfig, r: int) -> int:
@@ -172,7 +180,7 @@ def tail_fused(
     """out [M, N] = round(((a @ w^T) + frags[0]) + ... + frags[R-1]); a [M, K], w [N, K], frags [R, M, N].
 
     R may be 0 (a plain matmul, e.g. the down-projection). pdl: launch as a programmatic dependent (None: the
-    `tail` site of LMF_PDL decides). counter_user: whose split-K counters (one of COUNTER_USERS) it uses."""
+    `tail` site of the pdl_sites override decides). counter_user: whose split-K counters (one of COUNTER_USERS) it uses."""
     m, k = a.shape
     n = w.shape[0]
     r = frags.shape[0]

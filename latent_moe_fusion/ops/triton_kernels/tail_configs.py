@@ -7,9 +7,12 @@ so that the grid still covers the SMs. docs/design/tail.md says how the entries 
 
 from __future__ import annotations
 
-import os
+import functools
 import re
 from dataclasses import dataclass, replace
+from typing import Any
+
+from latent_moe_fusion import tuning
 
 
 @dataclass(frozen=True)
@@ -41,9 +44,9 @@ class TailConfig:
 # pipelined through shared memory were slower; from M = 4 on the swap-AB kernel wins (docs/design/tail.md).
 GEMV_MAX_M = 2
 GEMV_CONFIG = TailConfig("gemv", GEMV_MAX_M, 4, 512, num_warps=1, num_stages=1, preload_k=1024)
-# What serves M <= 2 with LMF_TAIL_GEMV=off (and served it before the GEMV).
+# What serves M <= 2 with the tail_gemv override "off" (and served it before the GEMV).
 FEW_TOKENS_SWAP = TailConfig("swap", 16, 64, 128, num_warps=4, num_stages=5, split_k=2)
-GEMV_ENV = "LMF_TAIL_GEMV"  # tuning override of the few-token bucket: "off" or ROWSxKxPRELOAD[wWARPS][sSTAGES]
+GEMV_OVERRIDE = "tail_gemv"  # tuning override of the few-token bucket: "off" or ROWSxKxPRELOAD[wWARPS][sSTAGES]
 _GEMV_SPEC = re.compile(r"(\d+)x(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?")
 
 # (largest M of the bucket, config) for BF16; the first bucket with M <= bound serves M.
@@ -68,25 +71,37 @@ def _pow2(v: int) -> bool:
 
 
 def gemv_override() -> TailConfig | None:
-    """The few-token config LMF_TAIL_GEMV asks for (None: unset): "off" gives the swap-AB kernel back,
+    """The few-token config the tail_gemv override asks for (None: none): "off" gives the swap-AB kernel back,
     "8x512x1024" / "8x512x1024w2s3" a GEMV with those rows per program, K step, preload, warps (4) and
     K steps in flight (1: no pipelining)."""
-    spec = os.environ.get(GEMV_ENV, "").strip()
-    if not spec:
-        return None
+    spec = tuning.current().tail_gemv
+    return None if spec is None else _cached_gemv_config(GEMV_OVERRIDE, spec)
+
+
+def _gemv_spec(name: str, value: Any) -> str:
+    spec = value.strip() if isinstance(value, str) else value
+    _gemv_config(name, spec)
+    return spec
+
+
+def _gemv_config(name: str, spec: Any) -> TailConfig:
     if spec == "off":
         return FEW_TOKENS_SWAP
-    match = _GEMV_SPEC.fullmatch(spec)
+    match = _GEMV_SPEC.fullmatch(spec) if isinstance(spec, str) else None
     if match is None:
-        raise ValueError(f"{GEMV_ENV}={spec!r}: expected 'off' or ROWSxKxPRELOAD[wWARPS][sSTAGES], e.g. 4x512x1024w2s1")
+        raise ValueError(f"{name}={spec!r}: expected 'off' or ROWSxKxPRELOAD[wWARPS][sSTAGES], e.g. 4x512x1024w2s1")
     rows, step, preload = (int(g) for g in match.groups()[:3])
     warps = int(match.group(4) or 4)
     stages = int(match.group(5) or 1)
     if not (_pow2(rows) and _pow2(step) and step >= 16 and _pow2(warps) and (preload == 0 or _pow2(preload))
             and 1 <= stages <= 8):
-        raise ValueError(f"{GEMV_ENV}={spec!r}: rows, K step (>= 16), warps and a non-zero preload must be powers "
+        raise ValueError(f"{name}={spec!r}: rows, K step (>= 16), warps and a non-zero preload must be powers "
                          "of two, stages 1 .. 8")
     return TailConfig("gemv", GEMV_MAX_M, rows, step, num_warps=warps, num_stages=stages, preload_k=preload)
+
+
+_cached_gemv_config = functools.cache(_gemv_config)  # per call: a spec checked on entry, parsed once
+tuning.register(GEMV_OVERRIDE, _gemv_spec)
 
 
 def table_config(m: int, fp32: bool) -> TailConfig:
