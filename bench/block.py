@@ -1,4 +1,8 @@
-"""End-to-end Kimi K3 block on one H200: eager vs compiled vs compiled + fused.
+"""End-to-end Kimi K3 block on one H200: eager vs serving-style vs compiled vs compiled + fused.
+
+`serving` is what Hopper serving runs today (bench/serving_baseline.py): the routed experts on triton_kernels' MXFP4
+MoE as vLLM sets it up, the rest of the block compiled without the pass; it needs the triton_kernels source
+(`--triton-kernels`, default .peer/python/triton_kernels) and is left out, with a message, without it.
 
 One rank of Kimi K3 at TP8/EP8: 112 local MXFP4 experts of 896 (ids of other ranks' experts
 become -1), top-16, shared expert 768 wide (TP8's shard), R = 1 (no cross-rank traffic: this
@@ -57,6 +61,8 @@ from bench.common import (  # noqa: E402
     write_results,
 )
 from bench.kernel_breakdown import breakdown_markdown, kernel_times_us  # noqa: E402
+from bench.peer_layout import DEFAULT_TRITON_KERNELS, HOW_TO_GET, use_triton_kernels  # noqa: E402
+from bench.serving_baseline import serving_block  # noqa: E402
 from latent_moe_fusion.fusion_pass import FusionConfig  # noqa: E402
 from latent_moe_fusion.model.router import ROUTER_GEMMS, localize_ids, route, route_from_logits, router_logits  # noqa: E402
 
@@ -182,6 +188,9 @@ def main() -> None:
     ap.add_argument("--no-kernels", action="store_true", help="skip the per-kernel time breakdown")
     ap.add_argument("--router-gemm", choices=ROUTER_GEMMS, default="bf16",
                     help="the block's router GEMM (default bf16 with FP32 logits, as serving engines run it)")
+    ap.add_argument("--triton-kernels", default=str(DEFAULT_TRITON_KERNELS),
+                    help="triton_kernels source for the serving-style baseline (bench/serving_baseline.py); "
+                         "without it the 'serving' column is left out, with a message")
     args = ap.parse_args()
     torch.manual_seed(0)
     compile_afresh()
@@ -192,6 +201,13 @@ def main() -> None:
                 "compiled+fused-no-router": compiled(block, True, FusionConfig(fuse_routing=False)),
                 "compiled+fused-no-overlap": compiled(block, True, FusionConfig(overlap_router=False)),
                 "compiled+fused-no-shared-first": compiled(block, True, FusionConfig(shared_first=False))}
+    # What Hopper serving runs today: the routed experts on triton_kernels as vLLM sets it up, the rest compiled
+    # unfused (bench/serving_baseline.py)
+    missing = use_triton_kernels(args.triton_kernels)
+    if missing is None:
+        variants["serving"] = (serving_block(block, triton_kernels=args.triton_kernels), None)
+    else:
+        print(f"no serving column: {missing}. {HOW_TO_GET}", flush=True)
     untouched = torch.compile(block.routed, dynamic=False)  # router + down-projection + routed op
 
     def router_chain(logits):  # what the router rewrite replaces, as the block computes it
@@ -252,10 +268,15 @@ def main() -> None:
         row["rewritten_compiled_us"] = row["compiled_us"] - never_rewritten_us
         row["rewritten_fused_us"] = row["compiled+fused_us"] - never_rewritten_us
         row["fused_vs_compiled"] = row["compiled_us"] / row["compiled+fused_us"]
+        if "serving_us" in row:
+            row["fused_vs_serving"] = row["serving_us"] / row["compiled+fused_us"]
+            row["compiled_vs_serving"] = row["serving_us"] / row["compiled_us"]
         row["fused_no_router_vs_compiled"] = row["compiled_us"] / row["compiled+fused-no-router_us"]
         row["fused_no_overlap_vs_compiled"] = row["compiled_us"] / row["compiled+fused-no-overlap_us"]
         row["fused_no_shared_first_vs_compiled"] = row["compiled_us"] / row["compiled+fused-no-shared-first_us"]
         row["fused_x_floor"] = row["compiled+fused_us"] / block_floor_us
+        if "serving_us" in row:
+            row["serving_x_floor"] = row["serving_us"] / block_floor_us
         # The best fused / compiled any kernels of this library could reach (ratio_ceiling): the routed experts
         # (the same kernels in both variants) at any speed down to their floor, the compiled baseline's router
         # GEMM and rewritten part (cuBLAS and Inductor kernels) as measured, the fused block no faster than the
@@ -277,6 +298,10 @@ def main() -> None:
         rows.append(row)
         print(row, flush=True)
     meta = environment() | {
+        "serving": "serving_us: what Hopper serving runs today (bench/serving_baseline.py): the routed experts on "
+                   "OpenAI's triton_kernels v3.6.0 MXFP4 MoE set up as vLLM sets it up on sm_90 (bench/peer_moe.py), "
+                   "everything else the block's code compiled without the pass; fused_vs_serving = serving_us / "
+                   "compiled+fused_us",
         "config": "Kimi K3 one rank of TP8/EP8: 112/896 experts MXFP4, top-16, I=3072, L=3584, H=7168, shared 768, R=1, "
                   f"router GEMM {args.router_gemm}",
         "copy_TBps": ceilings["copy_bytes_per_s"] / 1e12,
@@ -306,7 +331,8 @@ def main() -> None:
                    "rest_hidden_vs_compiled = compiled_us / (routed + serial_floor_us), all but the down- and "
                    "up-projection floors hidden beside the routed experts",
     }
-    cols = ["M", "eager_us", "compiled_us", "compiled+fused_us", "floor_us", "fused_vs_compiled", "fused_x_floor",
+    cols = ["M", "eager_us", "serving_us", "compiled_us", "compiled+fused_us", "floor_us", "fused_vs_serving",
+            "fused_vs_compiled", "fused_x_floor", "compiled_vs_serving", "serving_x_floor", "serving_err",
             "compiled+fused-no-router_us", "fused_no_router_vs_compiled",
             "compiled+fused-no-overlap_us", "fused_no_overlap_vs_compiled",
             "compiled+fused-no-shared-first_us", "fused_no_shared_first_vs_compiled",
@@ -334,8 +360,9 @@ def plot(rows, path: Path) -> None:
 
     ms = [r["M"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key in ("eager_us", "compiled_us", "compiled+fused_us", "floor_us"):
-        ax.plot(ms, [r[key] for r in rows], marker="o", label=key.removesuffix("_us"))
+    for key in ("eager_us", "serving_us", "compiled_us", "compiled+fused_us", "floor_us"):
+        if all(key in r for r in rows):
+            ax.plot(ms, [r[key] for r in rows], marker="o", label=key.removesuffix("_us"))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("tokens M")
