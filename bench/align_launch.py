@@ -1,4 +1,4 @@
-"""The one-program token grouping (ops/triton_kernels/moe_align._align_kernel) by warps and pairs per step.
+"""The one-program token grouping (ops/routed/triton/moe_align._align_kernel) by warps and pairs per step.
 
 Decode and small prefill batches (below moe_align.SPREAD_MIN_PAIRS pairs) group their (token, slot) pairs by
 expert in one program: histogram, block ranges, the padding fill, then each pair takes a row by an atomic. It
@@ -25,7 +25,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import environment, time_graph_ms, write_results  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels import moe_align  # noqa: E402
+from latent_moe_fusion.ops.routed.triton import moe_align  # noqa: E402
 
 EXPERTS, LOCAL, TOP_K, SETS = 896, 112, 16, 8
 WARPS = (4, 8, 16)

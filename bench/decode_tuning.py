@@ -2,7 +2,7 @@
 
 The knobs are the library's tuning overrides (environment variables read per call, so one compile
 serves every setting; each setting gets its own graph capture): programmatic dependent launch sites and
-the tail's L2 prefetch depth (ops/pdl.py), the shapes of the side-stream shared expert's Triton programs
+the tail's L2 prefetch depth (ops/common/pdl.py), the shapes of the side-stream shared expert's Triton programs
 (K slices and rows per program of gate/up, rows and K tile per program of down), whether the routed
 grouping goes before or after the shared expert's fork, the router beside the down-projection or in
 a row with it, which of the two is launched first, whether lmf::route_and_produce starts the shared
@@ -25,19 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.block import compiled_rank_block, decode_inputs  # noqa: E402
 from bench.common import env_applied, environment, rel_l2, time_graph_ms, write_results  # noqa: E402
-from latent_moe_fusion.ops.down_projection import DOWN_PROJECTION_ENV, TRITON_TABLE  # noqa: E402
-from latent_moe_fusion.ops.gluon_kernels import LOAD_ORDER_ENV, RING_ENV  # noqa: E402
-from latent_moe_fusion.ops.pdl import PDL_ENV  # noqa: E402
-from latent_moe_fusion.ops.route_and_produce import (  # noqa: E402
-    SHARED_FIRST_ENV,
-    SHARED_FIRST_MAX_TOKENS,
-    SHARED_FIRST_ORDER_ENV,
-    SHARED_FIRST_URGENT_CHOICES,
-    SHARED_FIRST_URGENT_ENV,
-)
-from latent_moe_fusion.ops.route_and_project import OVERLAP_ENV, OVERLAP_MAX_TOKENS, OVERLAP_ORDER_ENV  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import GROUP_FIRST_ENV, SHARED_ENV  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.producer_config import (  # noqa: E402
+from latent_moe_fusion.ops.common.pdl import PDL_ENV  # noqa: E402
+from latent_moe_fusion.ops.common.tail_gemm.tail_gemm_configs import GEMV_ENV  # noqa: E402
+from latent_moe_fusion.ops.common.tail_gemm.tail_launch import PREFETCH_ENV  # noqa: E402
+from latent_moe_fusion.ops.routed.expert_schedule import GROUP_FIRST_ENV, SHARED_ENV  # noqa: E402
+from latent_moe_fusion.ops.routed.gluon import LOAD_ORDER_ENV, RING_ENV  # noqa: E402
+from latent_moe_fusion.ops.routed.producer_config import (  # noqa: E402
     REGS_SPLIT_ENV,
     ROUTED_FP8_ENV,
     SHARED_L2_K_ENV,
@@ -45,9 +38,20 @@ from latent_moe_fusion.ops.triton_kernels.producer_config import (  # noqa: E402
     SHARED_SPLIT_ENV,
     SHARED_TILES_ENV,
 )
-from latent_moe_fusion.ops.triton_kernels.routed_gemv import ROUTED_GEMV_ENV  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.tail import PREFETCH_ENV  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.tail_configs import GEMV_ENV  # noqa: E402
+from latent_moe_fusion.ops.routed.routed_gemv import ROUTED_GEMV_ENV  # noqa: E402
+from latent_moe_fusion.ops.routed.router_fused.down_projection import DOWN_PROJECTION_ENV, TRITON_TABLE  # noqa: E402
+from latent_moe_fusion.ops.routed.router_fused.route_and_produce import (  # noqa: E402
+    SHARED_FIRST_ENV,
+    SHARED_FIRST_MAX_TOKENS,
+    SHARED_FIRST_ORDER_ENV,
+    SHARED_FIRST_URGENT_CHOICES,
+    SHARED_FIRST_URGENT_ENV,
+)
+from latent_moe_fusion.ops.routed.router_fused.route_and_project import (  # noqa: E402
+    OVERLAP_ENV,
+    OVERLAP_MAX_TOKENS,
+    OVERLAP_ORDER_ENV,
+)
 
 KNOBS: dict[str, tuple[str, ...]] = {
     PDL_ENV: ("none", "tail"),

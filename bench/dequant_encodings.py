@@ -1,6 +1,6 @@
 """Which placements of an MXFP4 word's bits could the register dequantiser expand with fewer instructions?
 
-The wgmma kernels (ops/gluon_kernels/lut_dequant.py) expand two codes per 32-bit register, one per 16-bit lane:
+The wgmma kernels (ops/routed/gluon/lut_dequant.py) expand two codes per 32-bit register, one per 16-bit lane:
 a code's three magnitude bits go to bf16 bits 6..8 and its sign to bit 15 (the bf16x2 scale multiply then fixes
 the exponent). In DESIGN.md's nibble order each code's sign sits right above its magnitude, so magnitude and sign
 need different shifts: a mask, a multiply that lays out both copies, a mask (plus the scale multiply) per pair.

@@ -33,10 +33,10 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from latent_moe_fusion.ops.triton_kernels import producer_config  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels import weight_tiles as wt  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.expert_gemm import l1_kernel, l2_kernel  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config  # noqa: E402
+from latent_moe_fusion.ops.routed import producer_config  # noqa: E402
+from latent_moe_fusion.ops.routed.producer_config import pick_config  # noqa: E402
+from latent_moe_fusion.ops.routed.triton import weight_tiles as wt  # noqa: E402
+from latent_moe_fusion.ops.routed.triton.expert_gemm import l1_kernel, l2_kernel  # noqa: E402
 
 VARIANTS = {"triton": wt.DEQUANT_TRITON, "asm": wt.DEQUANT_ASM, "asm_pairs": wt.DEQUANT_ASM_PAIRS,
             "lut": wt.DEQUANT_LUT, "dot_scaled": wt.DEQUANT_DOT_SCALED}

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from latent_moe_fusion.ops.gluon_kernels import lut_dequant  # noqa: E402
+from latent_moe_fusion.ops.routed.gluon import lut_dequant  # noqa: E402
 
 _SAME_WORD = """
         {

@@ -1,4 +1,4 @@
-"""Static SASS of the FP8 routed kernels (ops/gluon_kernels/routed_fp8.py) and of the bf16 L2 in the 8-row blocks
+"""Static SASS of the FP8 routed kernels (ops/routed/gluon/routed_fp8.py) and of the bf16 L2 in the 8-row blocks
 the FP8 L1 shares with it, compiled for sm_90 on a CPU machine (Gluon + Triton's bundled ptxas; not timed). What the design
 promises and this checks: 8-row blocks fit 4 CTAs of 4 warps per SM (<= 128 registers) without spills, every
 k step issues 16 FP8 wgmmas (4 scale blocks x gate / up x the two activation parts) from registers, and the step
@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import write_results  # noqa: E402
 from bench.dequant_sass import sass_of  # noqa: E402
 from bench.regs_sass import LATENT, compile_sm90, registers  # noqa: E402
-from latent_moe_fusion.ops import gluon_kernels as gk  # noqa: E402
-from latent_moe_fusion.ops.gluon_kernels import routed_fp8 as rf  # noqa: E402
+from latent_moe_fusion.ops.routed import gluon as gk  # noqa: E402
+from latent_moe_fusion.ops.routed.gluon import routed_fp8 as rf  # noqa: E402
 
 L1_FP8_SIG = {"z_hi_ptr": "*fp8e4nv", "z_lo_ptr": "*fp8e4nv", "col_factor_ptr": "*fp32", "s_ptr": "*u8",
               "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "act_ptr": "*bf16", "inter": "i32", "K": "i32",
@@ -41,7 +41,7 @@ COLUMNS = ["kernel", "block_rows", "mma", "registers", "spills", "loop_instr", "
 
 
 def compile_fp8(which: str, bm: int, mma: str = "pipe") -> triton.compiler.CompiledKernel:
-    """l1_fp8_kernel or l2_fp8_kernel as their launchers call them (gluon_kernels.launch_routed_l*_fp8)."""
+    """l1_fp8_kernel or l2_fp8_kernel as their launchers call them (routed.gluon.launch_routed_l*_fp8)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 

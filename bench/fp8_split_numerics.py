@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import environment, rel_l2, write_results  # noqa: E402
-from latent_moe_fusion.ops.mxfp4 import BLOCK, dequantize_mxfp4, quantize_mxfp4  # noqa: E402
+from latent_moe_fusion.ops.common.mxfp4 import BLOCK, dequantize_mxfp4, quantize_mxfp4  # noqa: E402
 
 E4M3_MAX = 448.0
 

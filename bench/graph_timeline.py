@@ -132,7 +132,7 @@ def main() -> None:
 
     from bench.block import compiled_rank_block
     from bench.common import env_applied, environment
-    from latent_moe_fusion.ops.pdl import PDL_ENV
+    from latent_moe_fusion.ops.common.pdl import PDL_ENV
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))

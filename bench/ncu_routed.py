@@ -66,7 +66,7 @@ def drive(m: int, mode: str) -> None:
 
     from bench.producer import DT, LOCAL_EXPERTS, TOP_K, Case, make_rms_weight, make_shared_weights, make_weights
     from bench.producer_shared_tiles import one_token_sets
-    from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config
+    from latent_moe_fusion.ops.routed.producer_config import pick_config
 
     gen = torch.Generator().manual_seed(29)
     case = Case(m, "mxfp4", make_weights("mxfp4", gen), make_shared_weights(), make_rms_weight(),

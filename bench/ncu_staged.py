@@ -1,4 +1,4 @@
-"""Hardware counters (Nsight Compute) of the staged prefill kernels (ops/gluon_kernels/routed_staged.py): issue
+"""Hardware counters (Nsight Compute) of the staged prefill kernels (ops/routed/gluon/routed_staged.py): issue
 activity, pipes, tensor-pipe activity, eligible warps, shared-memory bank conflicts and the stall reasons per
 issued instruction, for L1 and L2 on a routing of the Kimi K3 rank (bench/prefill_regs.routing) at M tokens.
 
@@ -28,8 +28,8 @@ def drive(m: int, kind: str) -> None:
 
     from bench.block import kimi_rank_block
     from bench.prefill_regs import routing
-    from latent_moe_fusion.ops.gluon_kernels import STAGED_BLOCK_ROWS, launch_routed_l1, launch_routed_l2
-    from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert
+    from latent_moe_fusion.ops.routed.gluon import STAGED_BLOCK_ROWS, launch_routed_l1, launch_routed_l2
+    from latent_moe_fusion.ops.routed.triton.moe_align import group_by_expert
 
     torch.manual_seed(0)
     block = kimi_rank_block("bf16")

@@ -4,7 +4,7 @@ Outside CUDA graphs (prefill) the GPU idles whenever the host takes longer to la
 than the GPU takes to run the work queued before them (bench/host_gaps.py). This measures, per op on a
 Kimi K3 rank's inputs: the whole call through the dispatcher, its argument checks, the backend choice,
 the backend itself, and the same op registered through `torch.library.custom_op` (the registration
-the ops used before; library.py says why they no longer do), in grad mode and under inference_mode.
+the ops used before; ops/common/op_library.py says why they no longer do), in grad mode and under inference_mode.
 Each figure is the median host time of one call with the GPU idle before it and no sync after it.
 
     PYTHONPATH=. python3 bench/op_host_time.py --out bench/results
@@ -26,9 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.block import kimi_rank_block  # noqa: E402
 from bench.common import environment, host_us, write_results  # noqa: E402
 from latent_moe_fusion.model.router import localize_ids, route  # noqa: E402
-from latent_moe_fusion.ops import library  # noqa: E402
-from latent_moe_fusion.ops.backends import select_backend  # noqa: E402
-from latent_moe_fusion.ops.validation import validate_routed, validate_tail  # noqa: E402
+from latent_moe_fusion.ops.common.backends import select_backend  # noqa: E402
+from latent_moe_fusion.ops.routed import producer_op  # noqa: E402
+from latent_moe_fusion.ops.routed.routed_validation import validate_routed  # noqa: E402
+from latent_moe_fusion.ops.tail import tail_op  # noqa: E402
+from latent_moe_fusion.ops.tail.tail_validation import validate_tail  # noqa: E402
 
 
 @triton.jit
@@ -40,7 +42,7 @@ def _copy_kernel(ptr, n, BLOCK: tl.constexpr):
 @torch.library.custom_op("lmfbench::latent_tail", mutates_args=())
 def _tail_as_custom_op(y_n: torch.Tensor, w_up: torch.Tensor, ws: torch.Tensor, mode: str,
                        group_name: str | None = None) -> torch.Tensor:
-    return library._latent_tail(y_n, w_up, ws, mode, group_name)
+    return tail_op._latent_tail(y_n, w_up, ws, mode, group_name)
 
 
 @torch.library.custom_op("lmfbench::moe_shared_producer", mutates_args=())
@@ -50,7 +52,7 @@ def _producer_as_custom_op(
     rms_weight: torch.Tensor, eps: float, x_s: torch.Tensor, w1_s: torch.Tensor, w3_s: torch.Tensor,
     w2_s: torch.Tensor, mode: str, group_name: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return library._moe_shared_producer(z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta,
+    return producer_op._moe_shared_producer(z, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, weight_format, beta,
                                         lin_beta, rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group_name)
 
 

@@ -1,5 +1,5 @@
 """The routed op at prefill in 64-row blocks (the register-dequant kernels) against 128-row blocks (the staged
-kernels, gluon_kernels/routed_staged.py), on the Kimi K3 rank (EP8: 112 of 896 experts MXFP4, top-16).
+kernels, ops/routed/gluon/routed_staged.py), on the Kimi K3 rank (EP8: 112 of 896 experts MXFP4, top-16).
 
 Per case: the whole op (grouping, L1, L2, combine + RMSNorm), L1 alone and L2 alone on each variant's own grouping,
 each 4 calls back to back between CUDA events in 5 alternating rounds (median per call). Floors: the routed FLOPs
@@ -30,11 +30,11 @@ from bench.common import (  # noqa: E402
     write_results,
 )
 from bench.prefill_regs import routing  # noqa: E402
-from latent_moe_fusion.ops import gluon_kernels as gk  # noqa: E402
-from latent_moe_fusion.ops.gluon_kernels import launch_routed_l1, launch_routed_l2  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_ENV  # noqa: E402
+from latent_moe_fusion.ops.routed import gluon as gk  # noqa: E402
+from latent_moe_fusion.ops.routed.expert_schedule import run_experts  # noqa: E402
+from latent_moe_fusion.ops.routed.gluon import launch_routed_l1, launch_routed_l2  # noqa: E402
+from latent_moe_fusion.ops.routed.producer_config import PREFILL_REGS_ENV  # noqa: E402
+from latent_moe_fusion.ops.routed.triton.moe_align import group_by_expert  # noqa: E402
 
 CASES = [("ep_share", m) for m in (1024, 2048, 4096, 8192, 16384)] + [("all_local", m) for m in (1024, 4096)]
 VARIANTS = {"regs 64": 64, "staged 128": 128}  # name: rows per block (LMF_PREFILL_REGS)

@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import environment, measure_ceilings, rel_l2, time_graph_ms, time_ms, write_results  # noqa: E402
 from bench.producer import BETA, DT, INTER, LATENT, LIN_BETA, LOCAL_EXPERTS, make_weights  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels import moe_align  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.producer_config import GemmTiles, ProducerConfig, pick_config  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.weight_tiles import DEQUANT_ASM_PAIRS, DEQUANT_DOT_SCALED, DEQUANT_LUT  # noqa: E402
+from latent_moe_fusion.ops.routed.expert_schedule import run_experts  # noqa: E402
+from latent_moe_fusion.ops.routed.producer_config import GemmTiles, ProducerConfig, pick_config  # noqa: E402
+from latent_moe_fusion.ops.routed.triton import moe_align  # noqa: E402
+from latent_moe_fusion.ops.routed.triton.weight_tiles import DEQUANT_ASM_PAIRS, DEQUANT_DOT_SCALED, DEQUANT_LUT  # noqa: E402
 
 GLOBAL_EXPERTS, TOP_K = 896, 16
 COLUMNS = ["candidate", "bm", "l1", "l2", "dequant", "us", "x_floor", "rel_l2_vs_picked", "error"]

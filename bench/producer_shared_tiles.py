@@ -37,7 +37,7 @@ from bench.producer import (  # noqa: E402
     make_shared_weights,
     make_weights,
 )
-from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config  # noqa: E402
+from latent_moe_fusion.ops.routed.producer_config import pick_config  # noqa: E402
 
 TILES = ((64, 32), (32, 64), (32, 128), (16, 128), (16, 256))
 DECODE_M = (1, 8, 32, 128)

@@ -3,7 +3,7 @@
 At decode a token reaches ~2 of a rank's 112 experts, so the unsplit L1 runs ~100 routed programs
 (+ the shared ones), about one 4-warp CTA per SM, each streaming K = 3584 alone; the block's
 profile (block_kernels.md, M = 1) has it at ~5x its bytes' floor. Slicing K multiplies the programs
-at the cost of FP32 partials (L1: SiTU after the ordered sum, split_k.py; L2: summed by the combine).
+at the cost of FP32 partials (L1: SiTU after the ordered sum, ops/routed/split_k_finish.py; L2: summed by the combine).
 Two routings, as in producer_shared_tiles.py: one token per row (what the block sees at decode) and
 the producer benchmark's 8 global tokens per row.
 
@@ -39,7 +39,7 @@ from bench.producer import (  # noqa: E402
     make_weights,
 )
 from bench.producer_shared_tiles import one_token_sets  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config  # noqa: E402
+from latent_moe_fusion.ops.routed.producer_config import pick_config  # noqa: E402
 
 SPLITS = ((1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4))
 DECODE_M = (1, 8, 32, 128)

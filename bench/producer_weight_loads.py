@@ -40,8 +40,8 @@ from bench.producer import (  # noqa: E402
     make_shared_weights,
     make_weights,
 )
-from latent_moe_fusion.ops.triton_kernels.producer_config import ProducerConfig, pick_config  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.weight_tiles import DEQUANT_ASM_PAIRS, DEQUANT_LUT  # noqa: E402
+from latent_moe_fusion.ops.routed.producer_config import ProducerConfig, pick_config  # noqa: E402
+from latent_moe_fusion.ops.routed.triton.weight_tiles import DEQUANT_ASM_PAIRS, DEQUANT_LUT  # noqa: E402
 
 VARIANTS = {"ptr/pairs": (False, DEQUANT_ASM_PAIRS), "tma/pairs": (True, DEQUANT_ASM_PAIRS),
             "ptr/lut": (False, DEQUANT_LUT), "tma/lut": (True, DEQUANT_LUT)}

@@ -38,14 +38,14 @@ from bench.common import (  # noqa: E402
     write_results,
 )
 from bench.prefill_regs import routing  # noqa: E402
-from latent_moe_fusion.ops.gluon_kernels import (  # noqa: E402
+from latent_moe_fusion.ops.routed.gluon import (  # noqa: E402
     LOAD_ORDER_ENV,
     MAXNREG_ENV,
     launch_routed_l1,
     launch_routed_l2,
 )
-from latent_moe_fusion.ops.gluon_kernels.routed_gemm import l1_regs_kernel, l2_regs_kernel  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert  # noqa: E402
+from latent_moe_fusion.ops.routed.gluon.routed_gemm import l1_regs_kernel, l2_regs_kernel  # noqa: E402
+from latent_moe_fusion.ops.routed.triton.moe_align import group_by_expert  # noqa: E402
 
 # name: (L1 block rows, L2 block rows, L1 ring, L2 ring, environment); None rings and no environment: the library's
 # choice for those rows. L2 blocks of twice L1's rows take L1's blocks as halves of the same rows.
@@ -164,7 +164,7 @@ def main() -> None:
         "bf16_TFLOPps": ceilings["bf16_flop_per_s"] / 1e12,
         "timing": "L1 and L2 alone, 6 calls back to back between CUDA events, median of 3 rounds",
         "rings": "library default unless named: 32 rows TMA (L1) and cp4 (L2 beyond 2048 pairs, TMA below); "
-                 "64 rows TMA for both (gluon_kernels.default_rings)",
+                 "64 rows TMA for both (routed.gluon.default_rings)",
         "caps": "library default unless named: 32 rows L1 uncapped on the TMA ring, L2 80; 64 rows uncapped",
         "variant": "--probes: L1 block rows / L2 block rows, then what differs from the 64-row default",
         "vs_first": "the case's first variant's L1 + L2 time over this one's",

@@ -1,4 +1,4 @@
-"""Static SASS of the Gluon register-dequant kernels (ops/gluon_kernels), without a GPU: both are
+"""Static SASS of the Gluon register-dequant kernels (ops/routed/gluon), without a GPU: both are
 compiled for sm_90 at the Kimi K3 rank sizes (Gluon + Triton's bundled ptxas) and their main loop is
 counted. What the design promises and this checks: the dequantised weight tile feeds the wgmma
 from registers (no shared-memory stores or loads of the weight: only the [16, 128] activation tile is
@@ -25,8 +25,8 @@ from triton.backends.compiler import GPUTarget
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.dequant_sass import main_loop, sass_of  # noqa: E402
-from latent_moe_fusion.ops import gluon_kernels as gk  # noqa: E402
-from latent_moe_fusion.ops.gluon_kernels import routed_gemm as rg  # noqa: E402
+from latent_moe_fusion.ops.routed import gluon as gk  # noqa: E402
+from latent_moe_fusion.ops.routed.gluon import routed_gemm as rg  # noqa: E402
 
 BM = gk.BLOCK_ROWS[0]
 
@@ -51,7 +51,7 @@ def compile_sm90(which: str, split: int = 1, ring: str = "loads", order: str = "
     kind, stages = gk.WEIGHT_RINGS[ring]
     constexprs = {"BM": bm, "BK": gk.STEP_K, "SPLIT": split, "num_warps": warps, "RING": kind, "STAGES": stages,
                   "ORDER": order}
-    if kind == "tma":  # the launcher's descriptor (gluon_kernels._words_descriptor)
+    if kind == "tma":  # the launcher's descriptor (routed.gluon._words_descriptor)
         rows = 16 * warps
         box = f"2, {rows}, {gk.STEP_K // 8}" if which == "l1" else f"{rows}, {gk.STEP_K // 8}"
         layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3 if which == "l1" else 2)
@@ -99,22 +99,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
-    # K slices (a single token's split) always take the loads (gluon_kernels.ring_for)
+    # K slices (a single token's split) always take the loads (routed.gluon.ring_for)
     rows = [loop_stats(w, split, ring) for ring in gk.WEIGHT_RINGS for split in ((1, 2) if ring == "loads" else (1,))
             for w in ("l1", "l2")]
     # 32-row blocks (M = 128 at decode; the kernel holds a 16- and a 32-row MMA path): L1's TMA ring with either
-    # load order (gluon_kernels.LOAD_ORDERS; "auto" is late there), and L2 on its TMA ring
+    # load order (routed.gluon.LOAD_ORDERS; "auto" is late there), and L2 on its TMA ring
     rows += [loop_stats("l1", 1, "tma", order, 32) for order in ("early", "late")]
     rows.append(loop_stats("l2", 1, "tma", "auto", 32))
     # 64-row blocks (beyond decode; the kernels hold 16-, 32- and 64-row MMA paths, the loop counted is the longest):
-    # both on the TMA ring, uncapped (gluon_kernels.max_registers, default_rings)
+    # both on the TMA ring, uncapped (routed.gluon.max_registers, default_rings)
     rows += [loop_stats(w, 1, "tma", "auto", 64) for w in ("l1", "l2")]
     for r in rows:
         print(r, flush=True)
     lines = [f"# Gluon register-dequant kernels: static SASS of the main loop (sm_90, triton {triton.__version__})", "",
              f"L = {LATENT}, I = {INTER}, {BM}-row blocks unless said, k step {gk.STEP_K}; compiled on a CPU machine, not timed. "
              "Counts per k step (the ring loops are unrolled by their stages; `top` counts the whole loop). "
-             f"Register caps as launched (gluon_kernels.max_registers: L1 {gk.L1_MAX_REGISTERS} but its TMA ring "
+             f"Register caps as launched (routed.gluon.max_registers: L1 {gk.L1_MAX_REGISTERS} but its TMA ring "
              f"uncapped, L2 {gk.L2_MAX_REGISTERS}; 64-row blocks uncapped); spills: local loads and "
              "stores anywhere in the kernel. Triton's lut + tma loop for comparison: 4.97 (L1) and 6.98 (L2) "
              "instructions per weight element, plus a shared-memory round trip of every dequantised tile "

@@ -1,8 +1,8 @@
-"""The routed experts on FP8 MMAs (ops/gluon_kernels/routed_fp8.py; the L1 the default at decode since session 28) against the bf16 register-dequant kernels.
+"""The routed experts on FP8 MMAs (ops/routed/gluon/routed_fp8.py; the L1 the default at decode since session 28) against the bf16 register-dequant kernels.
 
 Same inputs as bench/routed_ring.py (the Kimi K3 rank's share at decode, one token per row, 4 rotating input sets):
 each L1 alone, replayed from one CUDA graph, against the L1 byte floor (MXFP4 bytes of the experts hit / copy
-bandwidth), and the activation split (ops/fp8_split.py: per token, before L1) timed alone. Accuracy: the act rows
+bandwidth), and the activation split (ops/routed/fp8_split.py: per token, before L1) timed alone. Accuracy: the act rows
 of both kernels against a float64 reference (weights dequantised exactly, the tokens' bf16 values), and against
 each other; every valid row must be written (outputs poisoned with NaN first). A second table (<name>_layers): the L2
 kernels on the FP8 path's 8-row blocks, and the whole routed op with L1, or L1 and L2, on FP8.
@@ -24,17 +24,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import env_applied, environment, measure_ceilings, rel_l2, time_graph_ms, write_results  # noqa: E402
 from bench.producer import BETA, INTER, LATENT, LIN_BETA, LOCAL_EXPERTS, TOP_K  # noqa: E402
 from bench.routed_regs import decode_cases  # noqa: E402
-from latent_moe_fusion.ops.fp8_split import split_e4m3  # noqa: E402
-from latent_moe_fusion.ops.gluon_kernels import (  # noqa: E402
+from latent_moe_fusion.ops.common.mxfp4 import dequantize_mxfp4  # noqa: E402
+from latent_moe_fusion.ops.routed.fp8_split import split_e4m3  # noqa: E402
+from latent_moe_fusion.ops.routed.gluon import (  # noqa: E402
     launch_routed_l1,
     launch_routed_l1_fp8,
     launch_routed_l2,
     launch_routed_l2_fp8,
 )
-from latent_moe_fusion.ops.mxfp4 import dequantize_mxfp4  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.fp8_split import launch_split_e4m3  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.producer_config import ROUTED_FP8_ENV  # noqa: E402
+from latent_moe_fusion.ops.routed.producer_config import ROUTED_FP8_ENV  # noqa: E402
+from latent_moe_fusion.ops.routed.triton.fp8_split_kernel import launch_split_e4m3  # noqa: E402
+from latent_moe_fusion.ops.routed.triton.moe_align import group_by_expert  # noqa: E402
 
 COLUMNS = ["M", "bm", "variant", "experts_hit", "l1_floor_us", "bf16_l1_us", "fp8_l1_us", "split_us", "fp8_vs_bf16",
            "bf16_x_floor", "fp8_x_floor", "fp8_with_split_x_floor", "bf16_err64", "fp8_err64", "fp8_vs_bf16_err",
@@ -47,12 +47,12 @@ ROUTED_FLAGS = {"bf16": "0", "fp8_l1": "1", "fp8": "l1,l2"}  # LMF_ROUTED_FP8 va
 NOTES = ("bf16_l1: the register-dequant L1 on the TMA ring (the default at these M); fp8_l1: the FP8 L1 "
          "(e2m1 codes as e4m3, activations split per token in two e4m3 parts, scales on the FP32 sums of each "
          "32-block; variant: its MMA schedule, fp8_mainloop._step_mmas, block rows after a comma, a register cap after a colon); split: the "
-         "split kernel (triton_kernels/fp8_split.py) alone, split_bitwise: it equals ops.fp8_split.split_e4m3 bit for "
+         "split kernel (routed/triton/fp8_split_kernel.py) alone, split_bitwise: it equals ops.routed.fp8_split.split_e4m3 bit for "
          "bit; *_err64: relative L2 error of the valid act "
          "rows against float64; times: medians over alternating rounds, each the CUDA-graph replay of one L1 per "
          "input set")
 LAYER_NOTES = ("8-row blocks (the FP8 path's grouping), act from the FP8 L1: l2_bf16: the bf16 register-dequant L2 "
-               "(TMA ring); act_split: L1's act rows split in two e4m3 parts (triton_kernels/fp8_split.py, rows that "
+               "(TMA ring); act_split: L1's act rows split in two e4m3 parts (routed/triton/fp8_split_kernel.py, rows that "
                "hold a pair); l2_fp8: the FP8 L2 (routed_fp8.py) on them; l2_fp8_vs_bf16_err: relative L2 distance of "
                "their FP32 pair rows; routed_*: the whole routed op (run_experts as picked, in one CUDA graph per "
                "input set) with LMF_ROUTED_FP8 = 0 (bf16 kernels), 1 (FP8 L1, bf16 L2: routed_fp8_l1) and l1,l2 (both FP8: routed_fp8), *_err "

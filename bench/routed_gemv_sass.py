@@ -1,4 +1,4 @@
-"""Static SASS of the routed GEMV kernels (ops/gluon_kernels/routed_gemv.py) for sm_90, without a GPU:
+"""Static SASS of the routed GEMV kernels (ops/routed/gluon/gluon_routed_gemv.py) for sm_90, without a GPU:
 both kernels compiled at the Kimi K3 rank sizes for the default shapes (Gluon + Triton's bundled ptxas)
 and their K loop counted. What the design promises and this checks: nothing goes through shared memory
 (the words, their 8 expanded values and the activation pairs stay in the registers of the thread that
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import markdown_table  # noqa: E402
 from bench.dequant_sass import loop_ranges, sass_of  # noqa: E402
 from bench.regs_sass import registers  # noqa: E402
-from latent_moe_fusion.ops.gluon_kernels import routed_gemv as rg  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.routed_gemv import (  # noqa: E402
+from latent_moe_fusion.ops.routed.gluon import gluon_routed_gemv as rg  # noqa: E402
+from latent_moe_fusion.ops.routed.routed_gemv import (  # noqa: E402
     ROUTED_GEMV_CONFIG,
     RoutedGemvConfig,
 )

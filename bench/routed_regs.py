@@ -1,5 +1,5 @@
 """Routed MXFP4 decode GEMMs: the Triton kernels (dequantised tile staged through shared memory) against
-the Gluon register-dequant kernels (ops/gluon_kernels), on the same inputs.
+the Gluon register-dequant kernels (ops/routed/gluon), on the same inputs.
 
 The routed op alone (grouping, L1 + SiTU, L2, combine) is timed by CUDA-graph replay over rotating
 input sets; L1 and L2 are also timed per kernel (profiler) and set against their own floor: the MXFP4
@@ -40,8 +40,8 @@ from bench.producer import (  # noqa: E402
     make_weights,
 )
 from bench.producer_shared_tiles import one_token_sets  # noqa: E402
-from latent_moe_fusion.ops.math import routed_experts_math  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.producer_config import ProducerConfig, pick_config  # noqa: E402
+from latent_moe_fusion.ops.common.reference_math import routed_experts_math  # noqa: E402
+from latent_moe_fusion.ops.routed.producer_config import ProducerConfig, pick_config  # noqa: E402
 
 DECODE_M = (1, 8, 32, 128)
 L1_BYTES = 2 * INTER * (LATENT // 2 + LATENT // 32)  # per expert: gate + up codes and scales

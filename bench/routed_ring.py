@@ -1,4 +1,4 @@
-"""How the Gluon register-dequant kernels (ops/gluon_kernels/routed_gemm.py) bring their weight words.
+"""How the Gluon register-dequant kernels (ops/routed/gluon/routed_gemm.py) bring their weight words.
 
 The kernels' weight words either arrive by 16-byte loads one k step ahead ("loads": bytes in flight
 bounded by registers) or stream through a ring of shared-memory stages filled per thread by cp.async
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import env_applied, environment, measure_ceilings, rel_l2, time_graph_ms, write_results  # noqa: E402
 from bench.producer import GLOBAL_EXPERTS, INTER, LATENT, LOCAL_EXPERTS, TOP_K  # noqa: E402
 from bench.routed_regs import decode_cases, routed_kernel_us  # noqa: E402
-from latent_moe_fusion.ops.gluon_kernels import LOAD_ORDER_ENV, LOAD_ORDERS, MAXNREG_ENV, RING_ENV  # noqa: E402
+from latent_moe_fusion.ops.routed.gluon import LOAD_ORDER_ENV, LOAD_ORDERS, MAXNREG_ENV, RING_ENV  # noqa: E402
 
 
 def main() -> None:
@@ -85,9 +85,9 @@ def main() -> None:
         "config": f"routed MXFP4 experts, {LOCAL_EXPERTS}/{GLOBAL_EXPERTS} local, top-{TOP_K}, L={LATENT}, I={INTER}; "
                   "one token per row; pick_config tiles, register-dequant kernels"}
     write_results(args.name, rows, cols, meta, args.out,
-                  notes="ring: how L1 (and L2, or L1,L2) bring their weight words (gluon_kernels.WEIGHT_RINGS: "
+                  notes="ring: how L1 (and L2, or L1,L2) bring their weight words (routed.gluon.WEIGHT_RINGS: "
                         "loads = 16-byte loads one k step ahead; cp2 / cp4 = cp.async ring of 2 / 4 shared-memory "
-                        "stages; tma = TMA ring of 4 stages). split: K slices of L1,L2. order: the TMA ring's load order (gluon_kernels.LOAD_ORDERS: when a step issues the next step's scales and activation tile; auto: late for 32-row MMAs, early for 16-row ones). maxnreg: the L1,L2 register caps (gluon_kernels.MAXNREG_ENV; auto: max_registers). Times: medians over the alternating rounds. routed_us: the routed op (grouping, L1, L2, combine), CUDA-graph replay "
+                        "stages; tma = TMA ring of 4 stages). split: K slices of L1,L2. order: the TMA ring's load order (routed.gluon.LOAD_ORDERS: when a step issues the next step's scales and activation tile; auto: late for 32-row MMAs, early for 16-row ones). maxnreg: the L1,L2 register caps (gluon_kernels.MAXNREG_ENV; auto: max_registers). Times: medians over the alternating rounds. routed_us: the routed op (grouping, L1, L2, combine), CUDA-graph replay "
                         "over 4 rotating input sets. l1_us / l2_us: profiler kernel time. Floors: MXFP4 codes + "
                         "scales of the experts hit over the measured copy bandwidth. bitwise_first: output equal "
                         "to the first variant's bit for bit (every ring and order, same split). err: rel. L2 vs routed_experts_math (FP32).")

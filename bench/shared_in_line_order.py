@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.block import compile_afresh, compiled, kimi_rank_block  # noqa: E402
 from bench.common import env_applied, environment, host_us, write_results  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import SHARED_IN_LINE_ENV  # noqa: E402
+from latent_moe_fusion.ops.routed.expert_schedule import SHARED_IN_LINE_ENV  # noqa: E402
 
 
 def main() -> None:

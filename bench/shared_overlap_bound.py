@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.block import compiled_rank_block, decode_inputs  # noqa: E402
 from bench.common import environment, time_graph_ms, write_results  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels import producer  # noqa: E402
+from latent_moe_fusion.ops.routed import producer_triton_backend as producer  # noqa: E402
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from bench.common import (  # noqa: E402
     time_graph_ms,
     write_results,
 )
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import (  # noqa: E402
+from latent_moe_fusion.ops.routed.expert_schedule import (  # noqa: E402
     GRID_SHARED_ENV,
     GRID_SHARED_STRATEGIES,
     SHARED_ENV,

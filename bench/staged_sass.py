@@ -1,4 +1,4 @@
-"""Static SASS of the staged prefill kernels (gluon_kernels/routed_staged.py), compiled for sm_90 on any machine:
+"""Static SASS of the staged prefill kernels (ops/routed/gluon/routed_staged.py), compiled for sm_90 on any machine:
 registers and spills under the launch cap, shared memory per CTA, and per k step of the main loop (the 128-row MMA's)
 the CTA barriers, wgmma, cp.async copies of the activation rows, TMA copies, 16-byte shared stores of the
 dequantised tile, and whether the step waits for the wgmma before it or keeps one in flight.
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.dequant_sass import loop_ranges, sass_of  # noqa: E402
 from bench.regs_sass import registers  # noqa: E402
-from latent_moe_fusion.ops import gluon_kernels as gk  # noqa: E402
+from latent_moe_fusion.ops.routed import gluon as gk  # noqa: E402
 
 L1_SIG = {"z_ptr": "*bf16", "s_ptr": "*u8", "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "act_ptr": "*bf16",
           "inter": "i32", "K": "i32", "row_scales": "i32", "top_k": "i32", "stride_se": "i32", "beta": "fp32",
@@ -32,11 +32,11 @@ L2_SIG = {"act_ptr": "*bf16", "s_ptr": "*u8", "sorted_ptr": "*i32", "block_exper
 
 
 def compile_sm90(which: str) -> triton.compiler.CompiledKernel:
-    """The staged L1 or L2 as the launcher compiles it (gluon_kernels._launch_staged_l1 / _l2)."""
+    """The staged L1 or L2 as the launcher compiles it (routed.gluon._launch_staged_l1 / _l2)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from latent_moe_fusion.ops.gluon_kernels import routed_staged as rs
+    from latent_moe_fusion.ops.routed.gluon import routed_staged as rs
 
     fn, sig = (rs.l1_staged_kernel, L1_SIG) if which == "l1" else (rs.l2_staged_kernel, L2_SIG)
     # Integer arguments the launcher passes are multiples of 16 at the real sizes (what the JIT specialises on).

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import environment, measure_ceilings, rel_l2, sets_to_flush_l2, time_graph_ms, write_results  # noqa: E402
 from latent_moe_fusion.ops import latent_tail  # noqa: E402
-from latent_moe_fusion.ops.backends import select_backend  # noqa: E402
+from latent_moe_fusion.ops.common.backends import select_backend  # noqa: E402
 
 K, N = 3584, 7168
 M_VALUES = (1, 8, 32, 128, 256, 512, 1024, 2048, 4096)

@@ -1,6 +1,6 @@
 """Tile configurations of the CuTe DSL tail at decode sizes, side by side on one H200.
 
-The table (ops/cute/tail_configs.TABLE) gives every decode bucket one swap-AB tile: 64 hidden rows per
+The table (ops/tail/cute/tail_configs.TABLE) gives every decode bucket one swap-AB tile: 64 hidden rows per
 CTA (one warpgroup) by the bucket's token count, so N = 7168 makes 112 CTAs on 132 SMs, each reading its
 whole activation block from L2 once per k step. This sweeps the alternatives at each M: smaller token
 tiles (more CTAs, each weight tile read by several of them), two warpgroups per CTA, and the pipeline
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import environment, measure_ceilings, time_graphs_interleaved_ms, write_results  # noqa: E402
 from bench.tail_cute import DTYPE, K, N, cases, checked_error, triton, triton_tail  # noqa: E402
-from latent_moe_fusion.ops.cute import tail_runtime  # noqa: E402
-from latent_moe_fusion.ops.cute.tail_configs import CuteTailConfig, pick_config  # noqa: E402
+from latent_moe_fusion.ops.tail.cute import tail_runtime  # noqa: E402
+from latent_moe_fusion.ops.tail.cute.tail_configs import CuteTailConfig, pick_config  # noqa: E402
 
 ERR_OK = 6e-3
 

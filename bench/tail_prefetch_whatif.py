@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.block import compiled_rank_block, decode_inputs  # noqa: E402
 from bench.common import environment, time_graph_ms, write_results  # noqa: E402
-from latent_moe_fusion.ops.streams import side_stream  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels import expert_schedule  # noqa: E402
+from latent_moe_fusion.ops.common.side_streams import side_stream  # noqa: E402
+from latent_moe_fusion.ops.routed import expert_schedule  # noqa: E402
 
 BULK_BYTES = 16384  # bytes per bulk prefetch (one per thread)
 LINE_BYTES = 128

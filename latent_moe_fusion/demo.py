@@ -17,8 +17,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .config import KimiK3MoEConfig
 from .fusion_pass import FusionConfig, LatentMoEFusionPass
+from .kimi_k3_config import KimiK3MoEConfig
 from .model import KimiK3MoEBlock
 from .reference64 import block_float64, routing, shared_weights
 

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from .config import KimiK3MoEConfig
 from .fusion_pass import FusionReport, LatentMoEFusionPass
+from .kimi_k3_config import KimiK3MoEConfig
 from .model import KimiK3MoEBlock
 
 

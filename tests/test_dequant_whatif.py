@@ -6,7 +6,7 @@ import inspect
 import pytest
 
 from bench.dequant_whatif import VARIANTS, variant_text
-from latent_moe_fusion.ops.gluon_kernels import lut_dequant
+from latent_moe_fusion.ops.routed.gluon import lut_dequant
 
 
 def test_the_swapped_name_is_what_the_dequantiser_reads():

@@ -1,9 +1,9 @@
-"""ops/env.py: the per-call environment switches accept their words, treat empty as unset, and refuse
+"""ops/common/env_switches.py: the per-call environment switches accept their words, treat empty as unset, and refuse
 anything else naming the variable and what it accepts."""
 
 import pytest
 
-from latent_moe_fusion.ops.env import env_choice, env_permutation, env_switch
+from latent_moe_fusion.ops.common.env_switches import env_choice, env_permutation, env_switch
 
 NAME = "LMF_TEST_KNOB"
 
@@ -46,8 +46,8 @@ def test_permutation(monkeypatch):
 
 
 @pytest.mark.parametrize("name, read", [
-    ("LMF_CHECK_IDS", "latent_moe_fusion.ops.validation:device_id_check_enabled"),
-    ("LMF_MXFP4_REGS", "latent_moe_fusion.ops.triton_kernels.producer_config:regs_enabled"),
+    ("LMF_CHECK_IDS", "latent_moe_fusion.ops.routed.expert_ids_check:device_id_check_enabled"),
+    ("LMF_MXFP4_REGS", "latent_moe_fusion.ops.routed.producer_config:regs_enabled"),
 ])
 def test_on_off_switches_refuse_other_words(monkeypatch, name, read):
     """Only 0 switched these off before, so a typo (`off`, `false`) silently left them on."""

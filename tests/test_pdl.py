@@ -1,11 +1,11 @@
-"""ops/pdl.py: which launches go out as programmatic dependents (LMF_PDL), and never on the CPU."""
+"""ops/common/pdl.py: which launches go out as programmatic dependents (LMF_PDL), and never on the CPU."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from latent_moe_fusion.ops import pdl
+from latent_moe_fusion.ops.common import pdl
 
 
 @pytest.mark.parametrize("value, sites", [
@@ -36,7 +36,7 @@ def test_never_on_the_cpu_or_under_the_interpreter(monkeypatch):
 
 
 def test_tail_prefetch_depth_and_where_it_cannot_apply(monkeypatch):
-    from latent_moe_fusion.ops.triton_kernels import tail
+    from latent_moe_fusion.ops.common.tail_gemm import tail_launch as tail
 
     w = torch.randn(64, 256, dtype=torch.bfloat16)
     monkeypatch.delenv(tail.PREFETCH_ENV, raising=False)

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch on the GPU (ops/pdl.py): a forward with every PDL site on is bitwise the
+"""Programmatic dependent launch on the GPU (ops/common/pdl.py): a forward with every PDL site on is bitwise the
 forward with none, replay after replay with fresh inputs (a dependent that read its predecessor's output
 before it was written would differ), in CUDA graphs and eagerly.
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import latent_moe_fusion as lmf
-from latent_moe_fusion.ops.pdl import PDL_ENV
+from latent_moe_fusion.ops.common.pdl import PDL_ENV
 
 pytestmark = pytest.mark.gpu
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops.backends import backends_for
-from latent_moe_fusion.ops.triton_kernels import producer as producer_backend
-from latent_moe_fusion.ops.triton_kernels import routed as routed_backend
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import SharedExpert, run_experts
-from latent_moe_fusion.ops.triton_kernels.producer_config import GemmTiles, ProducerConfig, pick_config
+from latent_moe_fusion.ops.common.backends import backends_for
+from latent_moe_fusion.ops.routed import producer_triton_backend as producer_backend
+from latent_moe_fusion.ops.routed import routed_triton_backend as routed_backend
+from latent_moe_fusion.ops.routed.expert_schedule import SharedExpert, run_experts
+from latent_moe_fusion.ops.routed.producer_config import GemmTiles, ProducerConfig, pick_config
 from tests.expert_problems import make_problem, rel_l2, tolerance
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -80,7 +80,7 @@ def test_supports_names_the_problem():
 
 @pytest.mark.parametrize("value", ["16", "16x", "axb", "24x128", "8x128"])
 def test_shared_tile_override_rejects_bad_values(monkeypatch, value):
-    from latent_moe_fusion.ops.triton_kernels.producer_config import SHARED_TILES_ENV, decode_shared_tiles
+    from latent_moe_fusion.ops.routed.producer_config import SHARED_TILES_ENV, decode_shared_tiles
 
     monkeypatch.setenv(SHARED_TILES_ENV, value)
     with pytest.raises(ValueError, match=SHARED_TILES_ENV):
@@ -88,7 +88,7 @@ def test_shared_tile_override_rejects_bad_values(monkeypatch, value):
 
 
 def test_shared_tile_override_is_read(monkeypatch):
-    from latent_moe_fusion.ops.triton_kernels.producer_config import SHARED_TILES_ENV, decode_shared_tiles
+    from latent_moe_fusion.ops.routed.producer_config import SHARED_TILES_ENV, decode_shared_tiles
 
     monkeypatch.setenv(SHARED_TILES_ENV, "16x128")
     assert decode_shared_tiles() == (16, 128)
@@ -158,7 +158,7 @@ def test_shared_expert_by_library_between_the_routed_grids(weight_format, monkey
     """LMF_GRID_SHARED=cublas: the routed grids run alone and the shared expert as library GEMMs, launched
     after the routed L1 (so that their host time overlaps L1 outside CUDA graphs); the fragments and the
     normalised routed output match the reference and the one-grid path."""
-    from latent_moe_fusion.ops.triton_kernels import expert_schedule as es
+    from latent_moe_fusion.ops.routed import expert_schedule as es
 
     GRID_SHARED_ENV = es.GRID_SHARED_ENV
     p = make_problem(9, weight_format=weight_format, routing="few_experts", device=DEVICE, **SIZES)
@@ -206,7 +206,7 @@ def test_shared_expert_by_library_between_the_routed_grids(weight_format, monkey
 
 
 def test_grid_shared_override_rejects_unknown_values(monkeypatch):
-    from latent_moe_fusion.ops.triton_kernels.expert_schedule import (
+    from latent_moe_fusion.ops.routed.expert_schedule import (
         GRID_SHARED_ENV,
         GRID_SHARED_MAX_TOKENS,
         grid_shared_strategy,

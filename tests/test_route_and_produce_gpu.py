@@ -9,13 +9,13 @@ import torch
 
 import latent_moe_fusion as lmf
 from latent_moe_fusion.fusion_pass import FusionConfig
-from latent_moe_fusion.ops.route_and_produce import (
+from latent_moe_fusion.ops.routed.expert_schedule import GRID_SHARED_ENV, SHARED_ENV
+from latent_moe_fusion.ops.routed.router_fused.route_and_produce import (
     SHARED_FIRST_ENV,
     SHARED_FIRST_URGENT_CHOICES,
     SHARED_FIRST_URGENT_ENV,
     shared_first_wanted,
 )
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import GRID_SHARED_ENV, SHARED_ENV
 from tests.graph_replay import replay_without_host_sync
 from tests.op_inputs import shared_gate_up
 

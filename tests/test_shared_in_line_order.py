@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops.triton_kernels import expert_schedule
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import (
+from latent_moe_fusion.ops.routed import expert_schedule
+from latent_moe_fusion.ops.routed.expert_schedule import (
     GRID_SHARED_MAX_TOKENS,
     SHARED_IN_LINE_ENV,
     SharedExpert,

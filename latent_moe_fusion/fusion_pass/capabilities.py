@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..ops.backends import backends_for
+from ..ops.common.backends import backends_for
 
 DISABLE_ENV = "LMF_DISABLE_FUSION"
 FUSED_OPS = ("moe_shared_producer", "latent_tail", "noaux_tc_route", "route_and_project", "route_and_produce")

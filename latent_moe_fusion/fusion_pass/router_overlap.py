@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from ..ops.route_and_produce import SHARED_FIRST_MAX_TOKENS
-from ..ops.route_and_project import OVERLAP_MAX_TOKENS
+from ..ops.routed.router_fused.route_and_produce import SHARED_FIRST_MAX_TOKENS
+from ..ops.routed.router_fused.route_and_project import OVERLAP_MAX_TOKENS
 from .candidates import Reject
 from .capabilities import Capabilities
 from .checks import serving_backend

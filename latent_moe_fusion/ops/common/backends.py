@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 Reason = str | None  # None means "yes"
+ANY_DEVICE = ("cpu", "cuda", "meta")  # the device types of a backend that runs anywhere (pure PyTorch)
 
 
 @dataclass(frozen=True)

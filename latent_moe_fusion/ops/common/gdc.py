@@ -1,4 +1,4 @@
-"""Grid dependency control for the kernels launched with PDL (ops/pdl.py says when): Triton's, and the
+"""Grid dependency control for the kernels launched with PDL (ops/common/pdl.py says when): Triton's, and the
 Gluon register-dequant kernels', which inline these @triton.jit helpers (the same PTX as Gluon copies).
 
 `wait_for_predecessor` and `release_dependents` are griddepcontrol.wait / .launch_dependents (no-ops
@@ -37,7 +37,7 @@ def prefetch_rows_l2(addresses, nbytes):
 
 
 # cp.async.wait_group as plain inline PTX: Gluon's async_copy.wait_group makes the compiler add a CTA
-# barrier after it, which the Gluon weight rings (gluon_kernels/ring_loops.py) do not need: each thread
+# barrier after it, which the Gluon weight rings (routed/gluon/ring_loops.py) do not need: each thread
 # reads back only the chunks it copied itself, and their one barrier per step orders the rest.
 @triton.jit
 def wait_own_copies_0():

@@ -14,7 +14,7 @@ Sites (LMF_PDL, a comma list; "all" or "none"/"0"; read per call so a benchmark 
           the combine before them signals early
   routed  the routed register-dequant chain L1 -> L1 finish -> L2 of a single token (K split): L1
           signals early, the finish and L2 are launched dependent (L2 prefetches its weight rows first).
-          Since the routed GEMV took one to four tokens (triton_kernels/routed_gemv.py, no PDL) this
+          Since the routed GEMV took one to four tokens (routed/routed_gemv.py, no PDL) this
           chain runs for a token only with LMF_ROUTED_GEMV=0.
 """
 
@@ -24,7 +24,7 @@ import os
 
 import torch
 
-from .device import capability
+from .device_capability import capability
 
 PDL_ENV = "LMF_PDL"
 PDL_SITES = ("tail", "routed")

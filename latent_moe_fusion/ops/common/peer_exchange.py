@@ -1,4 +1,4 @@
-"""One launch for a whole symmetric-memory exchange (ops/symm_exchange.py): peer writes, one signal per program and
+"""One launch for a whole symmetric-memory exchange (ops/common/symm_exchange.py): peer writes, one signal per program and
 peer, copy-out.
 
 Every rank holds R parts [rows, cols] of its data (part p belongs to rank p) and wants, in a fresh output, the

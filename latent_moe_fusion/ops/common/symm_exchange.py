@@ -1,5 +1,5 @@
 """Symmetric-memory fragment publication and output all-gather for R > 1 on CUDA (DESIGN.md section 2:
-"symmetric-memory peer writes where available"). layouts.py's torch.distributed movement is the reference; these
+"symmetric-memory peer writes where available"). fragment_layouts.py's torch.distributed movement is the reference; these
 paths move the same bytes to the same places, so the ops' outputs are bitwise those of the reference path.
 
     lmf.prepare_symmetric_exchange(group, max_tokens=4096, hidden=7168)   # collective, once, before capture
@@ -9,7 +9,7 @@ buffer; unicast stores only, NVLink multicast is never used) and rendezvouses it
 count lies in the measured window (`WINDOWS`, per method and kind), the producers publish
 their shared fragments by peer writes into the owners' workspaces and the hidden_scatter tail gathers its output
 column slices the same way. One exchange on rank q, on the stream that made the data, in one Triton launch with
-`method = "kernel"` (triton_kernels/peer_exchange.py: one signal per program and peer, in the workspace's flags):
+`method = "kernel"` (peer_exchange.py: one signal per program and peer, in the workspace's flags):
 
     peer writes   owner p's workspace receives q's part for p, each program's share once p has copied out what
                   that program sent last time (its flag back at 0), then signalled (flag 1, release at system scope)
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .layouts import resolve_group
+from .fragment_layouts import resolve_group
 
 ENV = "LMF_SYMM_EXCHANGE"  # "auto" (default: the measured windows), "on" (wherever the workspace fits), "off"
 CHOICES = ("auto", "on", "off")
@@ -98,7 +98,7 @@ class Parts:
 class SymmetricExchange:
     """One group's workspace: [fragment region | output region | flags] of one symmetric allocation on every rank.
     A region holds [R, rows, cols] (slot r: what rank r sent); flags: int32 [2 kinds, 2 R, MAX_PROGRAMS], zero at rest.
-    method "kernel": one Triton launch per exchange (triton_kernels/peer_exchange.py); "copies": torch copies
+    method "kernel": one Triton launch per exchange (peer_exchange.py); "copies": torch copies
     between two workspace barriers (module docstring)."""
 
     group_name: str
@@ -141,14 +141,14 @@ class SymmetricExchange:
 
     def _places(self, kind: str, dtype: torch.dtype):
         """The kernel's chunk places in `kind`'s region, counted in elements of dtype."""
-        from .triton_kernels.peer_exchange import Places
+        from .peer_exchange import Places
 
         count, place_bytes = self.places[kind]
         return Places(count, place_bytes // _itemsize(dtype))
 
     def _fits(self, kind: str, rows: int, cols: int, dtype: torch.dtype) -> bool:
         """Whether an exchange of [rows, cols] parts fits the region: the copies' R slots, the kernel's chunks."""
-        from .triton_kernels.peer_exchange import Chunks
+        from .peer_exchange import Chunks
 
         if self.method == "copies":
             return self.world * rows * cols * _itemsize(dtype) <= self._region(kind)
@@ -181,7 +181,7 @@ class SymmetricExchange:
         return 0 if kind == "fragments" else self.fragment_bytes
 
     def _flags_offset(self, kind: str) -> int:
-        from .triton_kernels.peer_exchange import FLAG_SETS, MAX_PROGRAMS
+        from .peer_exchange import FLAG_SETS, MAX_PROGRAMS
 
         return self.fragment_bytes + self.output_bytes + _KINDS.index(kind) * FLAG_SETS * self.world * MAX_PROGRAMS * 4
 
@@ -196,7 +196,7 @@ class SymmetricExchange:
 
     def _exchange(self, kind: str, parts: Parts) -> None:
         if self.method == "kernel":
-            from .triton_kernels.peer_exchange import launch_peer_exchange
+            from .peer_exchange import launch_peer_exchange
 
             regions, flags = self._table(kind)
             launch_peer_exchange(parts.src, parts.part_stride, parts.src_row_stride, parts.out, parts.slot_stride,
@@ -246,14 +246,14 @@ _EXCHANGES: dict[str, SymmetricExchange] = {}
 def _kernel_layouts(world: int, max_tokens: int, hidden: int):
     """The kernel's chunk places per kind: fragments up to the SP form's [max_tokens, H] parts (TP's are
     [max_tokens, H/R]), the gather up to [max_tokens, H/R]."""
-    from .triton_kernels.peer_exchange import Places
+    from .peer_exchange import Places
 
     return {"fragments": Places.up_to(max_tokens, hidden), "gather": Places.up_to(max_tokens, hidden // world)}
 
 
 def flag_bytes(world: int) -> int:
     """Bytes of the kernel's flags on a rank, after the two regions (zero at rest)."""
-    from .triton_kernels.peer_exchange import FLAG_SETS, MAX_PROGRAMS
+    from .peer_exchange import FLAG_SETS, MAX_PROGRAMS
 
     return len(_KINDS) * FLAG_SETS * world * MAX_PROGRAMS * 4
 
@@ -330,7 +330,7 @@ def prepare_symmetric_exchange(group: dist.ProcessGroup | str | None = None, max
         raise RuntimeError("prepare_symmetric_exchange allocates and rendezvouses: call it before CUDA-graph capture")
     if max_tokens < 1 or hidden < 1:
         raise ValueError(f"max_tokens = {max_tokens} and hidden = {hidden} must be positive")
-    from .triton_kernels.peer_exchange import MAX_BLOCK_ROWS, MAX_PROGRAMS, Chunks
+    from .peer_exchange import MAX_BLOCK_ROWS, MAX_PROGRAMS, Chunks
 
     if Chunks.of(max_tokens, hidden).block_r > MAX_BLOCK_ROWS:
         raise ValueError(f"max_tokens = {max_tokens} at hidden = {hidden} needs more chunk flags than the workspace "

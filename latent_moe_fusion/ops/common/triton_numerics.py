@@ -16,7 +16,7 @@ def _tanh(x):
 
 @triton.jit
 def situ(g, u, beta, lin_beta):
-    """SiTU(g, u) in FP32, the order of ops.math.situ."""
+    """SiTU(g, u) in FP32, the order of ops.common.reference_math.situ."""
     return (beta * _tanh(g / beta) * tl.sigmoid(g)) * (lin_beta * _tanh(u / lin_beta))
 
 

@@ -19,7 +19,7 @@ families' L1 and L2 launch, and the unpicked one's programs exit on their unused
 MXFP4 decode on sm_90: one to four tokens' routed experts run on CUDA-core GEMV kernels (routed_gemv.py:
 L1 and L2 per (token, slot) pair, no grouping, then 4.), more tokens' routed tiles of 2 and 3 on the Gluon
 register-dequant kernels
-(ops/gluon_kernels) instead; the shared expert runs in the Triton grids alone or as cuBLAS GEMMs, on a
+(ops/routed/gluon) instead; the shared expert runs in the Triton grids alone or as cuBLAS GEMMs, on a
 side stream or in line, by token count (shared_strategy). (The tail's CUDA-core GEMV for a token's
 shared down-projection measured no faster in the block: bench/results/decode_tuning_gemv.md.)
 """
@@ -34,8 +34,10 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from ..env import env_choice, env_switch
-from ..gluon_kernels import (
+from ..common.env_switches import env_choice, env_switch
+from ..common.pdl import use_pdl
+from ..common.side_streams import side_stream
+from .gluon import (
     FP8_K_MULTIPLE,
     launch_routed_l1,
     launch_routed_l1_fp8,
@@ -44,13 +46,6 @@ from ..gluon_kernels import (
     regs_path_reason,
     split_reason,
 )
-from ..pdl import use_pdl
-from ..streams import side_stream
-from .combine import launch_combine
-from .expert_gemm import l1_kernel, l2_kernel
-from .fp8_split import launch_split_e4m3
-from .moe_align import Grouping, group_by_expert, max_blocks
-from .moe_align_choice import GroupingChoice, group_by_expert_choice, small_blocks_bound
 from .producer_config import (
     PREFILL_CHOICE_MAX_ROWS,
     ROUTED_FP8_ENV,
@@ -64,8 +59,13 @@ from .producer_config import (
 )
 from .routed_gemv import launch_routed_gemv, routed_gemv_reason, routed_gemv_setting
 from .shared_by_library import shared_by_library
-from .split_k import launch_l1_finish
-from .weight_tiles import dot_precision
+from .split_k_finish import launch_l1_finish
+from .triton.combine import launch_combine
+from .triton.expert_gemm import l1_kernel, l2_kernel
+from .triton.fp8_split_kernel import launch_split_e4m3
+from .triton.moe_align import Grouping, group_by_expert, max_blocks
+from .triton.moe_align_choice import GroupingChoice, group_by_expert_choice, small_blocks_bound
+from .triton.weight_tiles import dot_precision
 
 
 @dataclass(frozen=True)
@@ -494,7 +494,7 @@ def run_experts(
             launch_routed_l2(act, w2, w2_scale, choice.small.sorted_pairs, choice.small.block_expert, pairs, nb_choice,
                              choice_bm)
     if regs:
-        # PDL (ops/pdl.py): L2 follows L1 directly unless the shared GEMMs run in line between them.
+        # PDL (ops/common/pdl.py): L2 follows L1 directly unless the shared GEMMs run in line between them.
         # PDL only for a single token's chain (a few programs): from M = 8 on, L2's waiting programs hold SM slots
         # that L1's many blocks need (H200: +9 us at M = 8, -1 to -2 us at M = 1; decode_tuning.md).
         pdl = use_pdl("routed", dev) and not in_line_library and num_pairs <= SPLIT_K_MAX_PAIRS

@@ -4,7 +4,7 @@ z * 2^f = hi + lo with hi = e4m3(z * 2^f) and lo = e4m3(z * 2^f - hi), f a power
 largest |z| at the top of e4m3's range (448). One e4m3 keeps 4 of a bf16's 8 significant bits, two keep 8 for
 values within e4m3's normal range of the row's largest (bench/results/fp8_split_numerics.md: the routed L1 product
 through the two parts lands ~3e-5 from float64, one part alone 2.7e-2). The kernels multiply their FP32 sums by
-col_factor = 2^(6 - f): 2^-f undoes the split's factor, 2^6 the codes' placement as e4m3 (gluon_kernels/
+col_factor = 2^(6 - f): 2^-f undoes the split's factor, 2^6 the codes' placement as e4m3 (gluon/
 routed_fp8.py). Both parts come in the kernels' k order: inside each 32-wide block the even k first, then the odd
 k (kappa = 16 * (k % 2) + k // 2).
 """

@@ -10,12 +10,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..device import current_capability
-from ..gluon_kernels import BLOCK_ROWS as REGS_BLOCK_M
-from ..gluon_kernels import ENV_SWITCH as REGS_ENV_SWITCH
-from ..gluon_kernels import regs_switched_off
+from ..common.device_capability import current_capability
+from .gluon import BLOCK_ROWS as REGS_BLOCK_M
+from .gluon import ENV_SWITCH as REGS_ENV_SWITCH
+from .gluon import regs_switched_off
 from .routed_gemv import ROUTED_GEMV_ENV, ROUTED_GEMV_MAX_PAIRS, routed_gemv_setting
-from .weight_tiles import DEQUANT_ASM_PAIRS, DEQUANT_LUT, DEQUANT_TRITON
+from .triton.weight_tiles import DEQUANT_ASM_PAIRS, DEQUANT_LUT, DEQUANT_TRITON
 
 
 @dataclass(frozen=True)
@@ -51,19 +51,19 @@ class ProducerConfig:
     l1: GemmTiles
     l2: GemmTiles
     dequant: int = DEQUANT_ASM_PAIRS
-    # Routed MXFP4 tiles on the Gluon register-dequant kernels (ops/gluon_kernels; sm_90, 16, 32 or 64-row
+    # Routed MXFP4 tiles on the Gluon register-dequant kernels (ops/routed/gluon; sm_90, 16, 32 or 64-row
     # blocks): l1 / l2 then shape only the shared expert's tiles.
     routed_regs: bool = False
     # K slices (L1, L2) of the register-dequant kernels (routed_regs only): FP32 partial sums added in
     # slice order (bitwise the same every run), for a single token whose few experts cannot fill the GPU.
     regs_split: tuple[int, int] = (1, 1)
-    # Routed MXFP4 experts on the CUDA-core GEMV kernels (triton_kernels/routed_gemv.py), one (token, slot)
+    # Routed MXFP4 experts on the CUDA-core GEMV kernels (routed_gemv.py), one (token, slot)
     # pair at a time, no grouping: for one to four decode tokens. l1 / l2 then shape only the shared expert.
     routed_gemv: bool = False
     # > 0: beyond the decode sizes, the grouping picks on the GPU between these (Triton) tiles and the
     # register-dequant kernels in blocks of this many rows (moe_align_choice.py), by the local experts' rows.
     device_choice_bm: int = 0
-    # ROUTED_FP8_ENV (default: L1): (L1, L2) of the register-dequant kernels on FP8 MMAs (gluon_kernels/routed_fp8.py:
+    # ROUTED_FP8_ENV (default: L1): (L1, L2) of the register-dequant kernels on FP8 MMAs (gluon/routed_fp8.py:
     # activations split in two e4m3 parts per row; not bitwise the bf16 path), in blocks of FP8_BLOCK_M rows (both
     # layers then: the bf16 L1 has no 8-row path, so L2 alone cannot be FP8).
     routed_fp8: tuple[bool, bool] = (False, False)
@@ -291,7 +291,7 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
 # host took the regs kernels outright while that count stayed within PREFILL_REGS_MAX_ROWS per expert (M <= 28672 at
 # 112 experts; the tiles' margin was gone at 4681 rows) and beyond it let the GPU pick (PREFILL_CHOICE_MAX_ROWS below):
 # now LMF_PREFILL_REGS=choice.
-# Beyond PREFILL_STAGED_MIN_ROWS the 128-row blocks of the staged kernels (gluon_kernels/routed_staged.py: each program
+# Beyond PREFILL_STAGED_MIN_ROWS the 128-row blocks of the staged kernels (gluon/routed_staged.py: each program
 # dequantises its weights once into shared memory for 128 rows, asynchronous wgmma) take over, at any size. H200, Kimi
 # K3 rank, routed op: staged against 64-row blocks 0.83x at 30 rows per hit expert (EP share of M = 1024), 0.98x at 57
 # (2048), 1.13x at 108 (4096), 1.24x at 210, 1.30x at 392; every id local 1.11x at 146 rows (M = 1024), 1.35x at 585

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from ..backends import Backend, Reason, register_backend
-from ..layouts import PendingFragments, fragment_buffers, fragment_shape, group_size, start_publish
+from ..common.backends import Backend, Reason, register_backend
+from ..common.fragment_layouts import PendingFragments, fragment_buffers, fragment_shape, group_size, start_publish
+from ..common.triton_support import triton_available
 from .expert_schedule import SharedExpert, run_experts
-from .routed import routed_size_reason, triton_available
+from .routed_triton_backend import routed_size_reason
 
 
 def _supports(

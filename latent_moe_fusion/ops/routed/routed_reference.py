@@ -1,15 +1,13 @@
-"""Reference backends of the three ops: pure PyTorch, any device, the semantics of DESIGN.md. Their cross-rank
-movement is always torch.distributed's (the symmetric-memory path is checked against it)."""
+"""Reference backends of lmf::routed_experts and lmf::moe_shared_producer: pure PyTorch, any device, the semantics of
+DESIGN.md. Their cross-rank movement is always torch.distributed's (the symmetric-memory path is checked against it)."""
 
 from __future__ import annotations
 
 import torch
 
-from .backends import Backend, register_backend
-from .layouts import gather_columns, publish_fragments, rank_tail_operands
-from .math import rms_norm_math, routed_experts_math, shared_expert_math, tail_math
-
-ANY_DEVICE = ("cpu", "cuda", "meta")
+from ..common.backends import ANY_DEVICE, Backend, register_backend
+from ..common.fragment_layouts import publish_fragments
+from ..common.reference_math import rms_norm_math, routed_experts_math, shared_expert_math
 
 
 def producer_reference(
@@ -22,12 +20,5 @@ def producer_reference(
     return y_n, publish_fragments(s_partial, mode, group_name, symmetric=False)
 
 
-def tail_reference(y_n, w_up, ws, mode, group_name) -> torch.Tensor:
-    y, w, frags = rank_tail_operands(y_n, w_up, ws, mode, group_name)
-    out = tail_math(y, w, frags)
-    return gather_columns(out, group_name, symmetric=False) if mode == "hidden_scatter" else out
-
-
 register_backend(Backend("routed_experts", "reference", 100, ANY_DEVICE, routed_experts_math))
 register_backend(Backend("moe_shared_producer", "reference", 100, ANY_DEVICE, producer_reference))
-register_backend(Backend("latent_tail", "reference", 100, ANY_DEVICE, tail_reference))

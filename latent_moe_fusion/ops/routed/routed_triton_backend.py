@@ -5,27 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from ..backends import Backend, Reason, register_backend
-from ..device import current_capability
-from ..mxfp4 import BLOCK as MXFP4_BLOCK
+from ..common.backends import Backend, Reason, register_backend
+from ..common.mxfp4 import BLOCK as MXFP4_BLOCK
+from ..common.triton_support import triton_available
 from .expert_schedule import run_experts
 
 MAX_TOP_K = 64  # the combine unrolls the slot loop
 MAX_LATENT = 16384  # the combine keeps one row of L in registers
 INT32_LIMIT = 2**31
-
-
-def triton_available() -> Reason:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return "triton is not installed"
-    capability = current_capability()
-    if capability is None:
-        return "no CUDA device"
-    if capability < (8, 0):
-        return "needs compute capability >= 8.0 (bf16 tensor cores)"
-    return None
 
 
 def routed_size_reason(z: torch.Tensor, topk_ids: torch.Tensor, w2: torch.Tensor, weight_format: str) -> Reason:

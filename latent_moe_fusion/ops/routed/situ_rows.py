@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..math import situ as situ_math
-from .numerics import round_to, situ
+from ..common.reference_math import situ as situ_math
+from ..common.triton_numerics import round_to, situ
 from .producer_config import interpreting
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .gdc import release_dependents, wait_for_predecessor
-from .numerics import round_to, situ
+from ..common.gdc import release_dependents, wait_for_predecessor
+from ..common.triton_numerics import round_to, situ
 
 
 @triton.jit
@@ -65,7 +65,7 @@ def launch_l1_finish(
     h_part, block_expert, act, n_rows_r: int, inter: int, hs_part, act_s, m_s: int, inter_s: int,
     beta: float, lin_beta: float, bm: int, split: int, interpret: bool, pdl: bool = False,
 ) -> None:
-    """pdl: launch as a programmatic dependent (the L1 before it signals early; ops/pdl.py)."""
+    """pdl: launch as a programmatic dependent (the L1 before it signals early; ops/common/pdl.py)."""
     rows = n_rows_r + m_s
     if rows == 0:
         return

@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .gdc import wait_for_predecessor
+from ..gdc import wait_for_predecessor
 from .tail_kernels import _add_fragments_and_store
 
 

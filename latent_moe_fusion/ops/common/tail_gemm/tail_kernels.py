@@ -2,10 +2,10 @@
 
 A [M, K] activations, W [N, K] weight (nn.Linear layout), F a strided [R, M, N] view of the shared
 fragments; everything accumulates in fp32 and is rounded once when stored. The fragments are added
-to the matmul accumulator in the fixed order r = 0..R-1 (the association of ops/math.py::tail_math),
+to the matmul accumulator in the fixed order r = 0..R-1 (the association of ops/common/reference_math.py::tail_math),
 so a given kernel configuration is bitwise deterministic run to run.
 
-Kernels, chosen per M bucket by tail_configs.py:
+Kernels, chosen per M bucket by tail_gemm_configs.py:
 - `tail_gemv_kernel` (tail_gemv.py, one or two tokens): a CUDA-core GEMV, many small programs.
 - `tail_swap_kernel` / `tail_swap_tma_kernel` (decode, small M): swap-AB, the accumulator is out^T [BLOCK_N, BLOCK_M] so that
   the weight rows fill the matrix unit's wide side and M is padded only to 16. The grid tiles N
@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .gdc import prefetch_rows_l2, wait_for_predecessor
+from ..gdc import prefetch_rows_l2, wait_for_predecessor
 
 
 @triton.jit

@@ -1,10 +1,12 @@
-"""Triton backend of `lmf::latent_tail` (registered at import): up-projection + fragment sum + add, one kernel.
+"""The Triton kernels of `lmf::latent_tail` and their launcher: up-projection + fragment sum + add, one kernel.
+Shared: the tail's Triton backend (tail/triton/triton_tail_backend.py) and the latent down-projection
+(routed/router_fused/down_projection.py, R = 0) both run them.
 
 `tail_fused(a, w, frags)` is the launcher: out [M, N] = round(((a @ w^T) + frags[0]) + ... + frags[R-1])
 for any strided [R, M, N] fragment view. The backend maps the three layouts onto it (token_publish:
 ws.transpose(0, 1); hidden_scatter: this rank's rows of w_up, then layouts.gather_columns).
 
-Decode launches go out as programmatic dependents where ops/pdl.py allows (site "tail"): the swap-AB
+Decode launches go out as programmatic dependents where ops/common/pdl.py allows (site "tail"): the swap-AB
 kernel prefetches its first weight steps to L2, the GEMV (one or two tokens) loads its first weight
 columns into registers, and both then wait for the producer's combine, which signals early.
 
@@ -22,11 +24,8 @@ import threading
 
 import torch
 
-from ..backends import Backend, register_backend
-from ..device import current_capability
-from ..layouts import gather_columns, rank_tail_operands
 from ..pdl import use_pdl
-from .tail_configs import TailConfig, pick_config
+from .tail_gemm_configs import TailConfig, pick_config
 
 try:
     from .tail_gemv import gemv_block_sizes, tail_gemv_kernel
@@ -36,7 +35,6 @@ try:
 except Exception as exc:  # pragma: no cover - depends on the installation
     _IMPORT_ERROR = f"triton is not importable ({exc})"
 
-INT32_MAX = 2**31 - 1
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _COUNTER_SLOTS = 1 << 14
 _NUM_SMS: dict[torch.device, int] = {}
@@ -244,37 +242,6 @@ def tail_fused(
     return out
 
 
-def tail_triton(y_n: torch.Tensor, w_up: torch.Tensor, ws: torch.Tensor, mode: str, group_name: str | None):
-    """The lmf::latent_tail backend: every layout onto tail_fused."""
-    y, w, frags = rank_tail_operands(y_n, w_up, ws, mode, group_name)
-    out = tail_fused(y, w, frags)
-    return gather_columns(out, group_name) if mode == "hidden_scatter" else out
-
-
-def available() -> str | None:
-    if _IMPORT_ERROR is not None:
-        return _IMPORT_ERROR
-    capability = current_capability()
-    if capability is None:
-        return "no CUDA device"
-    major, minor = capability
-    if major < 9:
-        return f"the tail configs are measured on Hopper (sm_90); this device is sm_{major}{minor}"
-    return None
-
-
-def supports(y_n, w_up, ws, mode, group_name=None) -> str | None:
-    if y_n.dtype not in (torch.bfloat16, torch.float32):
-        return f"dtype {y_n.dtype} is not served (bfloat16 or float32)"
-    m, k = y_n.shape
-    hidden = w_up.shape[0]
-    # Offsets are int32 inside the kernels; the fp32 split-K workspace holds up to 16 copies of out.
-    largest = max(y_n.numel(), w_up.numel(), ws.numel(), m * hidden * 16)
-    if largest > INT32_MAX:
-        return f"tensors of {largest} elements exceed int32 indexing in the Triton tail"
-    return None
-
-
 def warmup(
     m_values: tuple[int, ...] = (1, 2, 16, 32, 64, 128, 256),
     n: int = 7168,
@@ -295,16 +262,3 @@ def warmup(
             tail_fused(a, w, torch.randn(r, m, n, dtype=dtype, device=device))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-register_backend(
-    Backend(
-        op="latent_tail",
-        name="triton",
-        priority=10,
-        device_types=("cuda",),
-        fn=tail_triton,
-        available=available,
-        supports=supports,
-    )
-)

@@ -1,6 +1,6 @@
 """Conversions between this project's tensor formats and the ones DeepGEMM's MegaMoE reads.
 
-Weights. Ours (ops/mxfp4.py): packed uint8 [E, N, K/2], byte j = element 2j (low nibble) and
+Weights. Ours (ops/common/mxfp4.py): packed uint8 [E, N, K/2], byte j = element 2j (low nibble) and
 2j+1 (high nibble), code = sign bit 3 | e2m1 magnitude bits 0-2; scales uint8 E8M0 [E, N, K/32].
 DeepGEMM's packed FP4 (deep_gemm/utils/math.py `per_token_cast_to_fp4`, csrc/utils/math.hpp
 `kPackedFP4 = torch::kInt8`) uses the same nibble order and code, in an int8 tensor: the bytes

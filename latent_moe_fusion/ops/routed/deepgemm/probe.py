@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from ..device import current_capability
+from ...common.device_capability import current_capability
 
 SM90_GROUPED = "sm90_grouped"
 SM100_MEGA = "sm100_mega_bf16_shared"

@@ -3,7 +3,7 @@ probed on first use, on a CUDA device only (the backends run on "cuda" alone).""
 
 from __future__ import annotations
 
-from ..backends import Backend, register_backend
+from ...common.backends import Backend, register_backend
 from . import sm90_grouped, sm100_mega_moe
 
 # Priority 5: ahead of Triton (10) for the producer when everything it needs holds; its supports()

@@ -38,12 +38,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..env import env_switch
+from ...common.env_switches import env_switch
 from .agree import agreed_for, current_answer
 from .formats import e8m0_as_float, mxfp4_weight_as_deepgemm, quantize_fp8_ue8m0
 from .probe import SM100_MEGA, deep_gemm_module
 from .sm100_state import ProducerState, state_for
-from .weights import WeightCache
+from .weight_cache import WeightCache
 
 FP8_OPT_IN = "LMF_DEEPGEMM_FP8_ACTIVATIONS"
 _ROUTED = WeightCache("DeepGEMM MegaMoE routed weights")
@@ -118,7 +118,7 @@ def supports(
     agreed = agreed_for(group_name)
     if agreed is None or not agreed.has(SM100_MEGA):
         return (f"DeepGEMM MegaMoE not agreed for group {group_name!r}: call "
-                "latent_moe_fusion.ops.deepgemm.prepare_deepgemm_producer on every rank first")
+                "latent_moe_fusion.ops.routed.deepgemm.prepare_deepgemm_producer on every rank first")
     if not env_switch(FP8_OPT_IN, on="accept FP8 routed activations", off="keep the BF16 contract, the default"):
         return (f"MegaMoE quantizes routed activations to FP8 e4m3 (the contract keeps BF16); set {FP8_OPT_IN}=1 "
                 "to accept that")

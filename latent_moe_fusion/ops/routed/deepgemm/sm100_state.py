@@ -25,10 +25,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..layouts import MODES, resolve_group
+from ...common.fragment_layouts import MODES, resolve_group
 from .agree import agree_deepgemm, agree_local
 from .probe import SM100_MEGA, deep_gemm_module
-from .weights import capturing
+from .weight_cache import capturing
 
 PUBLISH_GENERATIONS = 3  # DeepGEMM's hidden-scatter publication asks for at least three
 FLAG_WORDS = 9  # shared_rs_flags: [0] generation index, [2] bytes per generation, rest zero

@@ -32,13 +32,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backends import forced_backend_name
-from ..env import env_choice
-from ..mxfp4 import dequantize_mxfp4
-from ..triton_kernels.situ_rows import situ_rows
+from ...common.backends import forced_backend_name
+from ...common.env_switches import env_choice
+from ...common.mxfp4 import dequantize_mxfp4
+from ..situ_rows import situ_rows
 from .agree import current_answer
 from .probe import SM90_GROUPED, deep_gemm_module
-from .weights import WeightCache
+from .weight_cache import WeightCache
 
 NAME = "deepgemm"
 LAYOUT_ENV = "LMF_DEEPGEMM_ROUTED_LAYOUT"  # masked | contiguous (default: by M)

@@ -46,7 +46,7 @@ class WeightCache:
         if capturing():
             raise RuntimeError(
                 f"{self.what}: weights are not converted yet and a CUDA graph is being captured; "
-                "call latent_moe_fusion.ops.deepgemm.prepare_deepgemm_producer(..., weights=...) or run one "
+                "call latent_moe_fusion.ops.routed.deepgemm.prepare_deepgemm_producer(..., weights=...) or run one "
                 "eager warm-up call before capture"
             )
         self._entries.pop(slot, None)  # drop a stale conversion before building the new one

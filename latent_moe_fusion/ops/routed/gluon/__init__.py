@@ -1,8 +1,8 @@
 """Gluon kernels (sm_90): routed MXFP4 decode GEMMs with register-resident dequantisation (routed_gemm.py), the
 prefill GEMMs that dequantise into shared memory for 128-row blocks (routed_staged.py), and the CUDA-core GEMVs for
-one to four tokens (routed_gemv.py, launched by triton_kernels/routed_gemv.py).
+one to four tokens (gluon_routed_gemv.py, launched by routed/routed_gemv.py).
 
-Used by the Triton backend's schedule (triton_kernels/expert_schedule.py) for MXFP4 decode blocks
+Used by the Triton backend's schedule (routed/expert_schedule.py) for MXFP4 decode blocks
 on Hopper; `regs_path_reason` says why a call cannot take them (None if it can).
 LMF_MXFP4_REGS=0 turns the path off (the Triton kernels then run alone, as before).
 """
@@ -13,9 +13,9 @@ import os
 
 import torch
 
-from ..device import capability
-from ..env import env_choice, env_switch
-from ..mxfp4 import BLOCK as MXFP4_BLOCK
+from ...common.device_capability import capability
+from ...common.env_switches import env_choice, env_switch
+from ...common.mxfp4 import BLOCK as MXFP4_BLOCK
 
 ENV_SWITCH = "LMF_MXFP4_REGS"  # read by producer_config.regs_enabled too (the picked config)
 BLOCK_ROWS = (16, 32, 64, 128)  # rows per expert block the kernels take (the MMA's N at most; decode: 16, 32)
@@ -272,10 +272,10 @@ def launch_routed_l1(
     """act[block rows, :I] = bf16(SiTU(gate, up)) for every routed block (rows of unused blocks untouched).
     split > 1: K in that many slices of FP32 partial sums, then the ordered-sum + SiTU finish.
     signal: L1 lets its dependents launch at once and the finish goes out as a programmatic dependent
-    (ops/pdl.py), so that a dependent L2 launched next can prefetch its weights while L1 runs.
+    (ops/common/pdl.py), so that a dependent L2 launched next can prefetch its weights while L1 runs.
     ring: how the weight words arrive (WEIGHT_RINGS; None: weight_rings()); 128-row blocks take the staged kernel
     (one ring of its own; whole K, no signal)."""
-    from ..triton_kernels.split_k import launch_l1_finish
+    from ..split_k_finish import launch_l1_finish
     from .routed_gemm import l1_regs_kernel
 
     if block_m == STAGED_BLOCK_ROWS:
@@ -356,7 +356,7 @@ def launch_routed_l1_fp8(
     top_k: int, beta: float, lin_beta: float, mma: str = "pipe", maxnreg: int | None = None,
 ) -> None:
     """act[block rows, :I] = bf16(SiTU(gate, up)) on FP8 MMAs (routed_fp8.py; not bitwise the bf16 path):
-    z_hi, z_lo, col_factor from ops.fp8_split.split_e4m3(z) (or its kernel, triton_kernels/fp8_split.py).
+    z_hi, z_lo, col_factor from ops.routed.fp8_split.split_e4m3(z) (or its kernel, routed/triton/fp8_split_kernel.py).
     mma: how a step schedules its MMAs and waits (fp8_mainloop._step_mmas); maxnreg: a register cap (tuning)."""
     from .routed_fp8 import l1_fp8_kernel
 
@@ -377,7 +377,7 @@ def launch_routed_l2_fp8(
     mma: str = "pipe",
 ) -> None:
     """pairs[pair, :] = act[row] @ W2[e]^T in FP32 on FP8 MMAs for every valid row (routed_fp8.py; LMF_ROUTED_FP8=l1,l2): a_hi,
-    a_lo, row_factor the split of L1's act rows (triton_kernels/fp8_split.launch_split_e4m3(act))."""
+    a_lo, row_factor the split of L1's act rows (routed/triton/fp8_split_kernel.launch_split_e4m3(act))."""
     from .routed_fp8 import l2_fp8_kernel
 
     latent, inter = w2.shape[1], a_hi.shape[1]

@@ -1,4 +1,4 @@
-"""The routed GEMV kernels of triton_kernels/routed_gemv.py in Gluon: the same items and outputs (the FP32
+"""The routed GEMV kernels of routed/routed_gemv.py in Gluon: the same items and outputs (the FP32
 summation order differs: FACTOR sums a word's 8 code products before its scale), with the register layout
 fixed by hand (the portable Triton kernel is the CPU interpreter's).
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..triton_kernels.gdc import prefetch_rows_l2
-from ..triton_kernels.numerics import situ
+from ...common.gdc import prefetch_rows_l2
+from ...common.triton_numerics import situ
 from .lut_dequant import codes_to_f32, codes_to_f32_unscaled
 
 
@@ -138,7 +138,7 @@ def _routed_gemv(
     FACTOR: gl.constexpr,
     PREFETCH: gl.constexpr,
 ):
-    """triton_kernels.routed_gemv.routed_gemv_kernel's contract, with a_ptr the activations as int32 pairs
+    """triton/triton_routed_gemv.routed_gemv_kernel's contract, with a_ptr the activations as int32 pairs
     (stride_a in pairs); K steps of 32 x WPT x num_warps words."""
     BW: gl.constexpr = 32 * WPT * NW
     L: gl.constexpr = gl.BlockedLayout([BLOCK_N, WPT], [1, 32], [1, NW], [1, 0])

@@ -11,7 +11,7 @@ The only CTA barriers are the activation tile's: the cp.async ring double-buffer
 step, as the loads loop), the TMA ring keeps one buffer (two per step, and fewer instructions:
 _tma_step). Triton's barrier analysis treats views of one shared-memory allocation as aliases, even at
 constant indices, and would add a barrier per conflicting pair; so every stage and barrier is its own
-allocation and the loop is unrolled by the ring (the K range must hold whole rounds: gluon_kernels.
+allocation and the loop is unrolled by the ring (the K range must hold whole rounds: gluon.
 ring_for). Same MMAs on the same dequantised values as the loads loop: the same bits.
 """
 
@@ -22,7 +22,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from ..triton_kernels.gdc import wait_own_copies_0, wait_own_copies_2
+from ...common.gdc import wait_own_copies_0, wait_own_copies_2
 from .lut_dequant import dequant_mma, to_kappa, words_layout
 
 
@@ -43,7 +43,7 @@ def _next_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, i, DUAL: g
     of the loop one scoreboard, so a step that issues these before it reads step i's activation registers
     waits for them too (ncu: a fifth of L1's stall samples at M = 8 on that wait). The TMA ring's step
     issues them after its barrier ("late") for 32-row MMAs, before its stage wait ("early") for 16-row ones
-    (ORDER "auto"; gluon_kernels.LOAD_ORDER_ENV forces either): with the late issue ptxas also fits L1's
+    (ORDER "auto"; gluon.LOAD_ORDER_ENV forces either): with the late issue ptxas also fits L1's
     32-row kernel in 155 registers instead of 177 (3 CTAs per SM instead of 2; 167 against 185 with the
     double activation buffer, when L1 at M = 128 took 405 against 453 us); 16-row MMAs were faster early
     (73.8 against 75.0 us at M = 8; H200, bench/results/tma_load_order.md, double buffer). The cp.async

@@ -30,7 +30,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..triton_kernels.numerics import situ
+from ...common.triton_numerics import situ
 from .fp8_mainloop import fp8_mainloop
 from .routed_gemm import _valid_rows, store_pair_rows
 

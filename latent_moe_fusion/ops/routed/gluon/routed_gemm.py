@@ -1,7 +1,7 @@
 """Routed MXFP4 expert GEMMs with the dequantised weights fed to wgmma from registers (decode, and beyond it while
 the experts hold few enough rows: producer_config.prefill_regs_block_m).
 
-Same schedule and outputs as triton_kernels/expert_gemm.py for blocks of BM = 16, 32 or 64 (token, slot)
+Same schedule and outputs as triton/expert_gemm.py for blocks of BM = 16, 32 or 64 (token, slot)
 rows (a block's MMA takes N = 16 or 32 where no more of its rows hold a pair): out^T [BN, BM] =
 W[e, rows, :] @ act^T, the weight the left operand. The Triton kernels stage every dequantised tile
 through shared memory before the MMA (load -> dequant -> store -> barrier -> wgmma, latency-bound:
@@ -17,7 +17,7 @@ rows for the combine) as in the Triton kernels; shared-expert tiles are not hand
 
 SPLIT > 1 cuts K into SPLIT slices for a single decode token, whose ~2 local experts
 give too few programs to keep enough loads in flight: L1 then writes FP32 gate and up slice sums
-(triton_kernels/split_k.py adds them in slice order and applies SiTU), L2 writes FP32 slice rows
+(routed/split_k_finish.py adds them in slice order and applies SiTU), L2 writes FP32 slice rows
 that the combine adds in slice order. Both are bitwise the same on every run.
 """
 
@@ -27,8 +27,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 
-from ..triton_kernels.gdc import prefetch_rows_l2, release_dependents, wait_for_predecessor
-from ..triton_kernels.numerics import situ
+from ...common.gdc import prefetch_rows_l2, release_dependents, wait_for_predecessor
+from ...common.triton_numerics import situ
 from .lut_dequant import WINDOW_SCALE, dequant_mma, to_kappa, words_layout
 from .ring_loops import load_scales_act, mainloop_cp, mainloop_tma
 

@@ -18,7 +18,7 @@ k step:
 Buffer reuse: a step's activation buffer is refilled (for step i + 4) after the barrier of step i + 2, which every
 warp group passes only after its wait for wgmma i; its weight tile is rewritten at step i + 2 by the warp group whose
 wgmma reads those rows, after that group's own wait for wgmma i. With 112 KB of shared memory and at most 128
-registers, two CTAs of 8 warps share an SM (gluon_kernels.STAGED_MAX_REGISTERS).
+registers, two CTAs of 8 warps share an SM (gluon.STAGED_MAX_REGISTERS).
 
 L1: BN = 128 weight rows, the gate rows n0 .. n0 + 64 then the same columns' up rows (one 3-d TMA box), SiTU in the
 epilogue. L2: BN = 128 rows of W2, FP32 pair rows out. Both take 128-row expert blocks and run the MMA with N = 64
@@ -39,8 +39,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..triton_kernels.gdc import wait_own_copies_0, wait_own_copies_1
-from ..triton_kernels.numerics import situ
+from ...common.gdc import wait_own_copies_0, wait_own_copies_1
+from ...common.triton_numerics import situ
 from .lut_dequant import WINDOW_SCALE, codes_to_bf16, scale_factors
 from .ring_loops import _ring_coord
 from .routed_gemm import _program_tile, _valid_rows, store_pair_rows

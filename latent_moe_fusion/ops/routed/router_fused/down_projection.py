@@ -1,6 +1,6 @@
 """The latent down-projection z = x @ w_down^T (x [M, H], w_down [L, H]) inside lmf::route_and_project and
 lmf::route_and_produce: cuBLAS (torch.mm) or, at decode sizes on CUDA, the tail's Triton swap-AB kernel
-with no fragments (triton_kernels/tail.py, R = 0).
+with no fragments (common/tail_gemm/tail_launch.py, R = 0).
 
 Why a second kernel: beside the router chain and the shared expert, cuBLAS's split-K GEMM takes every SM
 and then a reduce kernel; the swap-AB kernel streams w_down with 112 CTAs at L = 3584 and sums its K slices
@@ -19,8 +19,8 @@ import re
 
 import torch
 
-from .device import capability
-from .triton_kernels.tail_configs import TailConfig, _pow2
+from ...common.device_capability import capability
+from ...common.tail_gemm.tail_gemm_configs import TailConfig, _pow2
 
 DOWN_PROJECTION_ENV = "LMF_DOWN_PROJECTION"
 DEFAULT_BACKEND = "triton"
@@ -75,7 +75,7 @@ def _measured_for(x: torch.Tensor) -> bool:
 
 def project_down_triton(x: torch.Tensor, w_down: torch.Tensor, out: torch.Tensor, config: TailConfig) -> torch.Tensor:
     """out = round(x @ w_down^T) by the tail's swap-AB kernel with no fragments (also under TRITON_INTERPRET)."""
-    from .triton_kernels.tail import tail_fused
+    from ...common.tail_gemm.tail_launch import tail_fused
 
     no_fragments = x.new_empty((0, x.shape[0], w_down.shape[0]))
     # Not a programmatic dependent: its stream's previous kernel is unrelated work (it forks from the caller).

@@ -36,16 +36,17 @@ import re
 
 import torch
 
-from .backends import Backend, register_backend, select_backend
+from ...common.backends import ANY_DEVICE, Backend, register_backend, select_backend
+from ...common.env_switches import env_choice, env_permutation, env_switch
+from ...common.fragment_layouts import PendingFragments, fragment_buffers, fragment_shape, group_size, start_publish
+from ...common.input_checks import LmfInputError, _fail
+from ...common.op_library import _define
+from ...common.route_math import router_logits
+from ...common.side_streams import side_stream
+from ..producer_op import _validate_producer
+from ..routed_dispatch import _run_routed_backend
 from .down_projection import project_down
-from .env import env_choice, env_permutation, env_switch
-from .layouts import PendingFragments, fragment_buffers, fragment_shape, group_size, start_publish
-from .library import _define, _run_routed_backend, _validate_producer
-from .reference import ANY_DEVICE
 from .route_and_project import route_and_project_cuda, route_and_project_reference, validate_route_and_project
-from .routing import router_logits
-from .streams import side_stream
-from .validation import LmfInputError, _fail
 
 OP = "route_and_produce"
 SHARED_FIRST_ENV = "LMF_SHARED_FIRST"  # "1" always shared-first, "0" never (A/B switch); unset: by token count
@@ -64,7 +65,7 @@ SHARED_FIRST_MAX_TOKENS = 128
 SHARED_FIRST_ORDER_ENV = "LMF_SHARED_FIRST_ORDER"
 SHARED_FIRST_BRANCHES = ("shared", "router", "down")
 ROUTER_FIRST_MAX_TOKENS = 32
-# Which branches of the shared-first schedule go on urgent (high-priority) streams (ops/streams.py), so that
+# Which branches of the shared-first schedule go on urgent (high-priority) streams (ops/common/side_streams.py), so that
 # the block scheduler gives them SM slots before the shared expert's GEMMs: "none"; "route" (the router
 # chain and the down-projection, which the routed L1 waits for; the routed experts on the caller's stream);
 # "all" ("route" and the routed experts). A/B switch, read per call (each CUDA graph keeps what it captured).
@@ -153,8 +154,8 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
     if not (shared_first and _triton_producer_serves(args, z)):
         ids, weights, z = route_and_project_cuda(*args[:10])
         return _produce(z, ids, weights, args[10:])
-    from .triton_kernels.expert_schedule import planned_grouping, run_experts
-    from .triton_kernels.shared_by_library import shared_by_library
+    from ..expert_schedule import planned_grouping, run_experts
+    from ..shared_by_library import shared_by_library
 
     world, (m_s, hidden) = group_size(group_name), x_s.shape
     ws = x_s.new_empty(fragment_shape(mode, x.shape[0], hidden, 1)) if world == 1 else None

@@ -10,7 +10,7 @@ of the same tokens as one op, so that on CUDA they run side by side (beyond DESI
 
 The router's outputs are computed by the same calls as the unfused graph makes (its cuBLAS GEMM, the same
 route kernel), bit for bit. z is too with LMF_DOWN_PROJECTION=cublas; by default, up to 64 bf16 tokens on Hopper, the
-down-projection runs on the tail's Triton swap-AB kernel (ops/down_projection.py: FP32 sums, one rounding, another
+down-projection runs on the tail's Triton swap-AB kernel (ops/routed/router_fused/down_projection.py: FP32 sums, one rounding, another
 summation order), which agrees with cuBLAS to bf16 rounding, not bitwise. What changes is the order on the GPU: the
 unfused graph runs router GEMM -> route -> down-projection on one stream, although the down-projection does not need
 the router. Here the router chain goes first on the caller's stream and the down-projection on a side
@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import torch
 
-from .backends import Backend, register_backend, select_backend
+from ...common.backends import ANY_DEVICE, Backend, register_backend, select_backend
+from ...common.env_switches import env_choice, env_switch
+from ...common.input_checks import _fail, check_tensor, validate_route_scalars
+from ...common.op_library import _define
+from ...common.route_math import route_reference, router_logits
+from ...common.side_streams import side_stream
 from .down_projection import project_down
-from .env import env_choice, env_switch
-from .library import _define
-from .reference import ANY_DEVICE
-from .routing import route_reference, router_logits, validate_route_scalars
-from .streams import side_stream
-from .validation import _fail, check_tensor
 
 OP = "route_and_project"
 ROUTER_GEMMS = ("fp32", "bf16")

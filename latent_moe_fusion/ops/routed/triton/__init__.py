@@ -1,13 +1,2 @@
-"""Triton backends of the lmf ops (CUDA; the kernels also run under TRITON_INTERPRET=1 on CPU).
-
-Importing this package registers every backend module present; kernels compile on first use.
-"""
-
-import importlib
-import importlib.util
-
-BACKEND_MODULES = ("tail", "routed", "producer", "route_topk")
-
-for _name in BACKEND_MODULES:
-    if importlib.util.find_spec(f"{__name__}.{_name}") is not None:
-        importlib.import_module(f"{__name__}.{_name}")
+"""Triton kernels of the routed experts (CUDA; they also run under TRITON_INTERPRET=1 on CPU): grouping, expert
+GEMMs, combine, the routed GEMV's portable form, the FP8 activation split. Kernels compile on first use."""

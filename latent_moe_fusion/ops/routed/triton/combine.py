@@ -22,10 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..pdl import use_pdl
-from .gdc import release_dependents
-from .numerics import round_to
-from .producer_config import interpreting
+from ...common.gdc import release_dependents
+from ...common.pdl import use_pdl
+from ...common.triton_numerics import round_to
+from ..producer_config import interpreting
 
 
 @triton.jit

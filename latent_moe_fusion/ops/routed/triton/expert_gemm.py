@@ -20,7 +20,7 @@ per-element pointers; scales and activations keep pointer loads (a scale tile of
 row is below the copy engine's 16-byte minimum).
 SPLIT (GemmTiles.split_k) cuts K into slices run by adjacent programs, for decode batches too small
 to fill the GPU: L1 slices write FP32 gate/up partials (SiTU after their ordered sum in
-split_k.py), routed L2 slices write their own FP32 pair rows (summed by the combine).
+split_k_finish.py), routed L2 slices write their own FP32 pair rows (summed by the combine).
 Shared tiles come first in the grid (their K is the longest); routed programs past the last used
 block exit at once (the grid is a static bound, see moe_align.py). Integer arguments that change
 with the batch are not specialised on, so one compiled kernel serves every M.
@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .numerics import round_to, situ
+from ...common.triton_numerics import round_to, situ
 from .weight_tiles import weight_step
 
 

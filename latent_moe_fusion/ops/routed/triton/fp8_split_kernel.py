@@ -1,4 +1,4 @@
-"""The per-token e4m3 split of the activations for the FP8 routed kernels (ops/fp8_split.py has the torch form and
+"""The per-token e4m3 split of the activations for the FP8 routed kernels (ops/routed/fp8_split.py has the torch form and
 the numerics): one program per token row, its largest |z| first, then both parts written in the kernels' k order."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def split_e4m3_kernel(z_ptr, hi_ptr, lo_ptr, factor_ptr, live_ptr, K, MAX_SHIFT_
 
 
 def launch_split_e4m3(z: torch.Tensor, live: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """split_e4m3 (ops/fp8_split.py) on the GPU: (hi, lo) [T, K] float8_e4m3fn in kappa order, col_factor [T].
+    """split_e4m3 (ops/routed/fp8_split.py) on the GPU: (hi, lo) [T, K] float8_e4m3fn in kappa order, col_factor [T].
     live (int32 [T], e.g. a grouping's sorted pairs): rows where it is negative are skipped (left unwritten)."""
     tokens, k = z.shape
     if z.dtype != torch.bfloat16 or k % 32:

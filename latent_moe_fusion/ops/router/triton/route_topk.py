@@ -1,5 +1,5 @@
 """Triton backend of lmf::noaux_tc_route: sigmoid, bias, top-k, renormalisation and the EP share in one
-launch (ops/routing.py defines the semantics this reproduces bit for bit on CUDA).
+launch (ops/router/noaux_tc_route.py defines the semantics this reproduces bit for bit on CUDA).
 
 Each program holds ROWS rows of E biased scores in registers. Every score becomes a unique int64 key
 (order-preserving int32 of the value, then the reversed column so that ties favour the lower index);
@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..backends import Backend, Reason, register_backend
-from .routed import triton_available
+from ...common.backends import Backend, Reason, register_backend
+from ...common.triton_support import triton_available
 
 MAX_EXPERTS = 4096  # one row of keys in registers
 MAX_TOP_K = 64  # the strike-out loop and the slot sums are unrolled

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from ..backends import Backend, forced_backend_name, register_backend
-from ..device import current_capability
-from ..layouts import gather_columns, rank_tail_operands
+from ...common.backends import Backend, forced_backend_name, register_backend
+from ...common.device_capability import current_capability
+from ...common.fragment_layouts import gather_columns, rank_tail_operands
 from .tail_configs import HIDDEN_MULTIPLE, TILE_K, VEC, bucket_bound
 
 OP = "latent_tail"

@@ -74,7 +74,7 @@ PREFILL = CuteTailConfig(swap_ab=False, mma_m=128, mma_n=128, stages=3)
 # (more CTAs) and two warpgroups per CTA were slower everywhere (bench/results/tail_cute_sweep.md,
 # tail_cute_stages.md). M = 16 is unmeasured and takes M = 8 / 32's depth.
 # M <= 2 is a bucket of its own (same kernel as M <= 8) because the Triton tail serves it with its CUDA-core
-# GEMV (triton_kernels.tail_configs.GEMV_MAX_M), so the measured backend choice can differ there.
+# GEMV (common/tail_gemm/tail_gemm_configs.GEMV_MAX_M), so the measured backend choice can differ there.
 TABLE: tuple[tuple[int, CuteTailConfig], ...] = (
     (2, _decode(8, stages=12)),
     (8, _decode(8, stages=12)),

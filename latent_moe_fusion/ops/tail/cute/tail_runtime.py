@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..pdl import device_supports_pdl, use_pdl
+from ...common.pdl import device_supports_pdl, use_pdl
 from .tail_configs import CuteTailConfig, all_configs, pick_config
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
@@ -34,7 +34,7 @@ class KernelKey:
     dtype: torch.dtype
     num_frags: int
     cfg: CuteTailConfig
-    pdl: bool = False  # launched as a programmatic dependent (tail_kernel.py; ops/pdl.py's "tail" site)
+    pdl: bool = False  # launched as a programmatic dependent (tail_kernel.py; ops/common/pdl.py's "tail" site)
 
 
 _COMPILED: dict[KernelKey, Any] = {}
@@ -70,7 +70,7 @@ def compile_kernel(key: KernelKey, keep_ptx: bool = False) -> Any:
             raise CuteCompileDuringCapture(
                 f"the CuTe tail kernel {key.cfg.label()} (R = {key.num_frags}, {key.dtype}, {key.arch}) is not "
                 "compiled and a CUDA graph is being captured: call "
-                "latent_moe_fusion.ops.cute.warmup(...) with these sizes before capturing"
+                "latent_moe_fusion.ops.tail.cute.warmup(...) with these sizes before capturing"
             )
         import cutlass
         import cutlass.cute as cute
@@ -98,7 +98,7 @@ def _loaded(key: KernelKey, device: torch.device) -> Any:
     if _capturing():
         raise CuteCompileDuringCapture(
             f"the CuTe tail kernel {key.cfg.label()} (R = {key.num_frags}, {key.dtype}) is not loaded on cuda:{index} "
-            "and a CUDA graph is being captured: call latent_moe_fusion.ops.cute.warmup(...) before capturing"
+            "and a CUDA graph is being captured: call latent_moe_fusion.ops.tail.cute.warmup(...) before capturing"
         )
     compiled = compile_kernel(key)
     with torch.cuda.device(index):
@@ -124,7 +124,7 @@ def tail_cute_fused(
     """out [M, N] = round(((y @ w^T) + frags[0]) + ... + frags[R-1]); y [M, K], w [N, K], frags [R, M, N].
 
     The caller checks shapes and strides (backend `supports`); this launches on the current stream.
-    pdl: launch as a programmatic dependent (default: ops/pdl.py's "tail" site, LMF_PDL).
+    pdl: launch as a programmatic dependent (default: ops/common/pdl.py's "tail" site, LMF_PDL).
     """
     m, k = y.shape
     n = w.shape[0]
