@@ -28,7 +28,7 @@ from bench.common import environment, host_us, write_results  # noqa: E402
 from latent_moe_fusion.model.router import localize_ids, route  # noqa: E402
 from latent_moe_fusion.ops.common.backends import select_backend  # noqa: E402
 from latent_moe_fusion.ops.routed import producer_op  # noqa: E402
-from latent_moe_fusion.ops.routed.routed_validation import validate_routed  # noqa: E402
+from latent_moe_fusion.ops.routed.expert_validation import validate_routed  # noqa: E402
 from latent_moe_fusion.ops.tail import tail_op  # noqa: E402
 from latent_moe_fusion.ops.tail.tail_validation import validate_tail  # noqa: E402
 

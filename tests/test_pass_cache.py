@@ -11,7 +11,7 @@ import latent_moe_fusion as lmf
 from latent_moe_fusion.fusion_pass import ChainedGraphPass, FusionConfig, latent_pass
 from latent_moe_fusion.ops.common import backends
 from latent_moe_fusion.ops.common.backends import Backend, register_backend
-from latent_moe_fusion.ops.routed.routed_reference import producer_reference
+from latent_moe_fusion.ops.routed.expert_reference import producer_reference
 from tests.fusion_models import CFG, Stop, block, post_grad
 
 BF16 = torch.bfloat16

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from latent_moe_fusion.ops.common.backends import backends_for
+from latent_moe_fusion.ops.routed import expert_triton_backend as routed_backend
 from latent_moe_fusion.ops.routed import producer_triton_backend as producer_backend
-from latent_moe_fusion.ops.routed import routed_triton_backend as routed_backend
 from latent_moe_fusion.ops.routed.expert_schedule import SharedExpert, run_experts
 from latent_moe_fusion.ops.routed.producer_config import GemmTiles, ProducerConfig, pick_config
 from tests.expert_problems import make_problem, rel_l2, tolerance

@@ -5,12 +5,12 @@
     lmf::route_and_project    the router and the latent down-projection side by side (router_fused/)
     lmf::route_and_produce    route_and_project and the producer as one op, the shared expert first (router_fused/)
 
-Backends: reference (routed_reference.py), Triton (routed_triton_backend.py, producer_triton_backend.py: the
+Backends: reference (expert_reference.py), Triton (expert_triton_backend.py, producer_triton_backend.py: the
 schedule in expert_schedule.py launches the kernels of triton/ and gluon/), DeepGEMM (deepgemm/, optional: importing
 it never imports deep_gemm). Importing this package defines the ops and registers their backends.
 """
 
-from . import deepgemm, producer_triton_backend, routed_reference, routed_triton_backend  # noqa: F401  (registers the backends)
+from . import deepgemm, expert_reference, expert_triton_backend, producer_triton_backend  # noqa: F401  (registers the backends)
 from .producer_op import moe_shared_producer
 from .routed_experts_op import routed_experts
 from .router_fused.route_and_produce import route_and_produce

@@ -8,8 +8,8 @@ import torch
 from ..common.fragment_layouts import fragment_shape
 from ..common.input_checks import check_mode_and_group, check_positive, check_shape, check_tensor
 from ..common.op_library import _define
-from .routed_dispatch import _run_routed_backend
-from .routed_validation import validate_producer_layout, validate_routed, validate_shared
+from .backend_dispatch import _run_routed_backend
+from .expert_validation import validate_producer_layout, validate_routed, validate_shared
 
 
 def _validate_producer(

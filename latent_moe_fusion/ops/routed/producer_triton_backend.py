@@ -16,7 +16,7 @@ from ..common.backends import Backend, Reason, register_backend
 from ..common.fragment_layouts import PendingFragments, fragment_buffers, fragment_shape, group_size, start_publish
 from ..common.triton_support import triton_available
 from .expert_schedule import SharedExpert, run_experts
-from .routed_triton_backend import routed_size_reason
+from .expert_triton_backend import routed_size_reason
 
 
 def _supports(

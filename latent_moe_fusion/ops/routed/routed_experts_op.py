@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..common.op_library import _define
-from .routed_dispatch import _run_routed_backend
-from .routed_validation import validate_routed
+from .backend_dispatch import _run_routed_backend
+from .expert_validation import validate_routed
 
 
 def _routed_experts(

@@ -43,8 +43,8 @@ from ...common.input_checks import LmfInputError, _fail
 from ...common.op_library import _define
 from ...common.route_math import router_logits
 from ...common.side_streams import side_stream
+from ..backend_dispatch import _run_routed_backend
 from ..producer_op import _validate_producer
-from ..routed_dispatch import _run_routed_backend
 from .down_projection import project_down
 from .route_and_project import route_and_project_cuda, route_and_project_reference, validate_route_and_project
 
