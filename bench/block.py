@@ -26,7 +26,7 @@ from 5 tokens on starts the shared expert first, beside them. The variants `comp
 expert inside the producer) show each rewrite's share. `untouched_us` times router +
 down-projection + routed experts alone (compiled, in a row, same timing method), `router_chain_us` the
 compiled router chain alone and `down_projection_us` the compiled down-projection alone (the fused block
-runs it on its own kernel, ops/down_projection.py); untouched_us - router_chain_us - down_projection_us
+runs it on its own kernel, ops/routed/router_fused/down_projection.py); untouched_us - router_chain_us - down_projection_us
 is then the part no kernel rewrite touches (router GEMM, routed experts), and compiled_us over it bounds
 what a rewrite of the rest that keeps that part in a row can reach (`max_fused_vs_compiled`; the overlaps
 can go beyond it).
@@ -90,7 +90,7 @@ def block_parts_bytes_and_flops(block: lmf.KimiK3MoEBlock, x: torch.Tensor) -> d
     act = x.numel() * x.element_size()
     lat, inter, i_s, e = cfg.latent_size, cfg.moe_intermediate_size, block.shared_w2.shape[1], cfg.num_experts
     # The latent down-projection counts as rewritten: inside lmf::route_and_project / route_and_produce the
-    # fused block runs it on its own kernel (ops/down_projection.py), the compiled baseline on cuBLAS.
+    # fused block runs it on its own kernel (ops/routed/router_fused/down_projection.py), the compiled baseline on cuBLAS.
     untouched = (nbytes(("gate_weight", "correction_bias")) + hit * per_expert + act,
                  2 * m * h * e + 2 * assignments * 3 * inter * lat)
     rewritten = (nbytes(("w_down", "w_up", "norm_weight", "shared_")) + act, 2 * m * (2 * lat * h + 3 * h * i_s))

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.block import routed_op_us, router_floor_us  # noqa: E402
 from bench.common import RESULTS_DIR, write_results  # noqa: E402
-from latent_moe_fusion.config import KimiK3MoEConfig  # noqa: E402
+from latent_moe_fusion.kimi_k3_config import KimiK3MoEConfig  # noqa: E402
 
 DECODE_MAX_M = 128  # the targets' decode sizes are M = 1, 8, 32, 128; M = 4096 is their prefill
 DECODE_RATIO_TARGET = 1.3

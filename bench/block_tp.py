@@ -47,7 +47,7 @@ from bench.common import (  # noqa: E402
     write_results,
 )
 from bench.kernel_breakdown import breakdown_markdown, kernel_times_us  # noqa: E402
-from latent_moe_fusion.ops.symm_exchange import DEFAULT_METHOD  # noqa: E402
+from latent_moe_fusion.ops.common.symm_exchange import DEFAULT_METHOD  # noqa: E402
 
 EP_SIZE, SHARED_PER_RANK, SETS, ROUNDS, REPLAYS = 8, 768, 4, 5, 6
 

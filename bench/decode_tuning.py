@@ -3,7 +3,7 @@
 The knobs are the library's tuning overrides (latent_moe_fusion.tuning fields, read when the ops run, so one
 compile serves every setting; each setting gets its own graph capture) and the operator's numerics variables
 (LMF_DOWN_PROJECTION, LMF_ROUTED_FP8): programmatic dependent launch sites and
-the tail's L2 prefetch depth (ops/pdl.py), the shapes of the side-stream shared expert's Triton programs
+the tail's L2 prefetch depth (ops/common/pdl.py), the shapes of the side-stream shared expert's Triton programs
 (K slices and rows per program of gate/up, rows and K tile per program of down), whether the routed
 grouping goes before or after the shared expert's fork, the router beside the down-projection or in
 a row with it, which of the two is launched first, whether lmf::route_and_produce starts the shared
@@ -26,10 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.block import compiled_rank_block, decode_inputs  # noqa: E402
 from bench.common import environment, knobs_applied, rel_l2, time_graph_ms, write_results  # noqa: E402
-from latent_moe_fusion.ops.down_projection import DOWN_PROJECTION_ENV, TRITON_TABLE  # noqa: E402
-from latent_moe_fusion.ops.route_and_produce import SHARED_FIRST_MAX_TOKENS, SHARED_FIRST_URGENT_CHOICES  # noqa: E402
-from latent_moe_fusion.ops.route_and_project import OVERLAP_MAX_TOKENS  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.producer_config import ROUTED_FP8_ENV  # noqa: E402
+from latent_moe_fusion.ops.routed.producer_config import ROUTED_FP8_ENV  # noqa: E402
+from latent_moe_fusion.ops.routed.router_fused.down_projection import DOWN_PROJECTION_ENV, TRITON_TABLE  # noqa: E402
+from latent_moe_fusion.ops.routed.router_fused.route_and_produce import (  # noqa: E402
+    SHARED_FIRST_MAX_TOKENS,
+    SHARED_FIRST_URGENT_CHOICES,
+)
+from latent_moe_fusion.ops.routed.router_fused.route_and_project import OVERLAP_MAX_TOKENS  # noqa: E402
 
 # Knob -> values swept: latent_moe_fusion.tuning override fields, and the operator's numerics variables (LMF_*).
 KNOBS: dict[str, tuple[str, ...]] = {

@@ -23,10 +23,12 @@ from bench.common import environment, measure_ceilings, rel_l2, time_graph_ms, t
 from bench.kernel_breakdown import breakdown_markdown, kernel_times_us  # noqa: E402
 from latent_moe_fusion import tuning  # noqa: E402
 from latent_moe_fusion.model.router import localize_ids  # noqa: E402
-from latent_moe_fusion.ops.backends import backends_for  # noqa: E402
-from latent_moe_fusion.ops.deepgemm import deepgemm_status, probe_deepgemm  # noqa: E402
-from latent_moe_fusion.ops.deepgemm.probe import SM90_GROUPED, deep_gemm_module  # noqa: E402
-from latent_moe_fusion.ops.deepgemm.sm90_grouped import (  # noqa: E402
+from latent_moe_fusion.ops.common.backends import backends_for  # noqa: E402
+from latent_moe_fusion.ops.common.mxfp4 import quantize_mxfp4  # noqa: E402
+from latent_moe_fusion.ops.common.reference_math import routed_experts_math  # noqa: E402
+from latent_moe_fusion.ops.routed.deepgemm import deepgemm_status, probe_deepgemm  # noqa: E402
+from latent_moe_fusion.ops.routed.deepgemm.probe import SM90_GROUPED, deep_gemm_module  # noqa: E402
+from latent_moe_fusion.ops.routed.deepgemm.sm90_grouped import (  # noqa: E402
     LAYOUTS,
     bf16_weights,
     choose_layout,
@@ -37,8 +39,6 @@ from latent_moe_fusion.ops.deepgemm.sm90_grouped import (  # noqa: E402
     stage_contiguous,
     stage_masked,
 )
-from latent_moe_fusion.ops.math import routed_experts_math  # noqa: E402
-from latent_moe_fusion.ops.mxfp4 import quantize_mxfp4  # noqa: E402
 
 DECODE_M = (1, 8, 32, 128)
 PREFILL_M = (512, 4096)

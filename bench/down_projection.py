@@ -1,5 +1,5 @@
 """The latent down-projection z = x @ w_down^T alone (H = 7168 -> L = 3584, BF16): cuBLAS against the tail's
-Triton swap-AB kernel with no fragments (ops/down_projection.py), over decode M.
+Triton swap-AB kernel with no fragments (ops/routed/router_fused/down_projection.py), over decode M.
 
 Each variant is one CUDA graph over rotating weight copies (L2-cold), the graphs replayed in alternating
 rounds. Floor: bytes of w_down + x + z once over the measured copy bandwidth. Errors: relative L2 against a
@@ -20,7 +20,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import environment, measure_ceilings, rel_l2, time_graphs_interleaved_ms, write_results  # noqa: E402
-from latent_moe_fusion.ops.down_projection import parse_swap_label, project_down_triton, table_config  # noqa: E402
+from latent_moe_fusion.ops.routed.router_fused.down_projection import (  # noqa: E402
+    parse_swap_label,
+    project_down_triton,
+    table_config,
+)
 
 H, L = 7168, 3584
 DECODE_M = (1, 2, 4, 8, 16, 32, 64)

@@ -28,7 +28,7 @@ from bench.block import compiled_rank_block  # noqa: E402
 from bench.common import environment, time_interleaved_ms, write_results  # noqa: E402
 from bench.timeline import forward_timeline  # noqa: E402
 from latent_moe_fusion.model.router import ROUTER_GEMMS  # noqa: E402
-from latent_moe_fusion.ops.validation import CHECK_IDS_ENV  # noqa: E402
+from latent_moe_fusion.ops.routed.expert_ids_check import CHECK_IDS_ENV  # noqa: E402
 
 
 def profiled_timelines(fn, x: torch.Tensor, forwards: int):

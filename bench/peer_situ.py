@@ -4,7 +4,7 @@ matmul_ogs calls the activation on each FP32 accumulator tile [BLOCK_M, BLOCK_N]
 the returned [BLOCK_M, BLOCK_N / 2] tile in the activation dtype; its SwiGLU (`swiglu_details._swiglu_fn`) reads the
 tile as (gate, linear) column pairs, which is why w13's gate and up rows are interleaved (bench/peer_layout.py).
 `situ_pairs` reads the same pairs and computes SiTU in FP32 with the formula and tanh of our kernels
-(ops/triton_kernels/numerics.py): the two sides' activations differ only in rounding order inside FP32, not in
+(ops/common/triton_numerics.py): the two sides' activations differ only in rounding order inside FP32, not in
 method. This module imports no triton_kernels, so the function is tested under the Triton interpreter without it.
 """
 

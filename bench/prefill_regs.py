@@ -39,9 +39,9 @@ from bench.common import (  # noqa: E402
 )
 from bench.kernel_breakdown import breakdown_markdown, kernel_times_us  # noqa: E402
 from latent_moe_fusion import KimiK3MoEBlock, tuning  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import planned_grouping, run_experts  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.moe_align_choice import GroupingChoice  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_OVERRIDE, pick_config  # noqa: E402
+from latent_moe_fusion.ops.routed.expert_schedule import planned_grouping, run_experts  # noqa: E402
+from latent_moe_fusion.ops.routed.producer_config import PREFILL_REGS_OVERRIDE, pick_config  # noqa: E402
+from latent_moe_fusion.ops.routed.triton.moe_align_choice import GroupingChoice  # noqa: E402
 
 SIZES = (192, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 ALL_LOCAL_SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768)

@@ -23,12 +23,12 @@ import torch
 
 from bench.common import environment, measure_ceilings, rel_l2, time_graph_ms, write_results
 from bench.producer_stock import has_grouped_mm, stock_rms_norm, stock_routed, stock_shared
-from latent_moe_fusion.ops.math import rms_norm_math, routed_experts_math, shared_expert_math
-from latent_moe_fusion.ops.triton_kernels.combine import launch_combine
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import SharedExpert, run_experts
-from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert
-from latent_moe_fusion.ops.triton_kernels.producer_config import GemmTiles, ProducerConfig, pick_config
-from latent_moe_fusion.ops.triton_kernels.weight_tiles import DEQUANT_ASM, DEQUANT_ASM_PAIRS, DEQUANT_LUT
+from latent_moe_fusion.ops.common.reference_math import rms_norm_math, routed_experts_math, shared_expert_math
+from latent_moe_fusion.ops.routed.expert_schedule import SharedExpert, run_experts
+from latent_moe_fusion.ops.routed.producer_config import GemmTiles, ProducerConfig, pick_config
+from latent_moe_fusion.ops.routed.triton.combine import launch_combine
+from latent_moe_fusion.ops.routed.triton.moe_align import group_by_expert
+from latent_moe_fusion.ops.routed.triton.weight_tiles import DEQUANT_ASM, DEQUANT_ASM_PAIRS, DEQUANT_LUT
 
 GLOBAL_EXPERTS, LOCAL_EXPERTS, TOP_K, EP = 896, 112, 16, 8
 LATENT, INTER, HIDDEN, INTER_S = 3584, 3072, 7168, 768

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from latent_moe_fusion.ops.math import situ
+from latent_moe_fusion.ops.common.reference_math import situ
 
 
 def has_grouped_mm() -> bool:

@@ -1,9 +1,9 @@
-"""The routed experts on FP8 MMAs (ops/gluon_kernels/routed_fp8.py; the L1's default at decode where the grouping takes
+"""The routed experts on FP8 MMAs (ops/routed/gluon/routed_fp8.py; the L1's default at decode where the grouping takes
 16-row blocks) against the bf16 register-dequant kernels.
 
 Inputs: bench/routed_inputs.py's decode cases (the Kimi K3 rank's share at decode, one token per row, 4 rotating sets):
 each L1 alone, replayed from one CUDA graph, against the L1 byte floor (MXFP4 bytes of the experts hit / copy
-bandwidth), and the activation split (ops/fp8_split.py: per token, before L1) timed alone. Accuracy: the act rows
+bandwidth), and the activation split (ops/routed/fp8_split.py: per token, before L1) timed alone. Accuracy: the act rows
 of both kernels against a float64 reference (weights dequantised exactly, the tokens' bf16 values), and against
 each other; every valid row must be written (outputs poisoned with NaN first). A second table (<name>_layers): the L2
 kernels on the FP8 path's 8-row blocks, and the whole routed op with L1, or L1 and L2, on FP8.
@@ -25,17 +25,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import env_applied, environment, measure_ceilings, rel_l2, time_graph_ms, write_results  # noqa: E402
 from bench.producer import BETA, INTER, LATENT, LIN_BETA, LOCAL_EXPERTS, TOP_K  # noqa: E402
 from bench.routed_inputs import decode_cases  # noqa: E402
-from latent_moe_fusion.ops.fp8_split import split_e4m3  # noqa: E402
-from latent_moe_fusion.ops.gluon_kernels import (  # noqa: E402
+from latent_moe_fusion.ops.common.mxfp4 import dequantize_mxfp4  # noqa: E402
+from latent_moe_fusion.ops.routed.fp8_split import split_e4m3  # noqa: E402
+from latent_moe_fusion.ops.routed.gluon import (  # noqa: E402
     launch_routed_l1,
     launch_routed_l1_fp8,
     launch_routed_l2,
     launch_routed_l2_fp8,
 )
-from latent_moe_fusion.ops.mxfp4 import dequantize_mxfp4  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.fp8_split import launch_split_e4m3  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.moe_align import group_by_expert  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.producer_config import ROUTED_FP8_ENV  # noqa: E402
+from latent_moe_fusion.ops.routed.producer_config import ROUTED_FP8_ENV  # noqa: E402
+from latent_moe_fusion.ops.routed.triton.fp8_split_kernel import launch_split_e4m3  # noqa: E402
+from latent_moe_fusion.ops.routed.triton.moe_align import group_by_expert  # noqa: E402
 
 COLUMNS = ["M", "bm", "variant", "experts_hit", "l1_floor_us", "bf16_l1_us", "fp8_l1_us", "split_us", "fp8_vs_bf16",
            "bf16_x_floor", "fp8_x_floor", "fp8_with_split_x_floor", "bf16_err64", "fp8_err64", "fp8_vs_bf16_err",

@@ -1,5 +1,5 @@
 """Routed MXFP4 experts for a few decode tokens: the register-dequant MMA kernels (grouping, L1 in K slices,
-finish, L2) against the CUDA-core GEMV kernels (ops/triton_kernels/routed_gemv.py, Gluon on sm_90), on the
+finish, L2) against the CUDA-core GEMV kernels (ops/routed/routed_gemv.py, Gluon on sm_90), on the
 same inputs, for several GEMV shapes (routed_gemv tuning override specs).
 
 The routed op alone (routing to combine) is timed by CUDA-graph replay over rotating input sets; the
@@ -40,9 +40,9 @@ from bench.producer import (  # noqa: E402
 )
 from bench.routed_inputs import L1_BYTES, L2_BYTES, one_token_sets  # noqa: E402
 from latent_moe_fusion import tuning  # noqa: E402
-from latent_moe_fusion.ops.math import routed_experts_math  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.routed_gemv import ROUTED_GEMV_CONFIG  # noqa: E402
+from latent_moe_fusion.ops.common.reference_math import routed_experts_math  # noqa: E402
+from latent_moe_fusion.ops.routed.producer_config import pick_config  # noqa: E402
+from latent_moe_fusion.ops.routed.routed_gemv import ROUTED_GEMV_CONFIG  # noqa: E402
 
 SPECS = ("4x4x64w1p2", "4x4x64w1p1", "4x4x64w1p4", "2x2x64w1p2", "8x8x64w1p2", "4x4x64w2p2", "4x4x128w1p2",
          "4x4x64w1p2b")

@@ -22,8 +22,8 @@ from bench.producer import (
     make_shared_weights,
     make_weights,
 )
-from latent_moe_fusion.ops.math import routed_experts_math
-from latent_moe_fusion.ops.triton_kernels.producer_config import ProducerConfig, pick_config
+from latent_moe_fusion.ops.common.reference_math import routed_experts_math
+from latent_moe_fusion.ops.routed.producer_config import ProducerConfig, pick_config
 
 L1_BYTES = 2 * INTER * (LATENT // 2 + LATENT // 32)  # per expert: gate + up codes and scales
 L2_BYTES = LATENT * (INTER // 2 + INTER // 32)

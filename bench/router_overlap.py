@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import latent_moe_fusion as lmf  # noqa: E402,F401  (registers torch.ops.lmf.*)
 from bench.common import environment, measure_ceilings, time_graph_ms, write_results  # noqa: E402
 from latent_moe_fusion import tuning  # noqa: E402
-from latent_moe_fusion.ops.route_and_project import OVERLAP_MAX_TOKENS, OVERLAP_OVERRIDE  # noqa: E402
-from latent_moe_fusion.ops.routing import router_logits  # noqa: E402
+from latent_moe_fusion.ops.common.route_math import router_logits  # noqa: E402
+from latent_moe_fusion.ops.routed.router_fused.route_and_project import OVERLAP_MAX_TOKENS, OVERLAP_OVERRIDE  # noqa: E402
 
 HIDDEN, EXPERTS, LATENT, TOP_K, LOCAL = 7168, 896, 3584, 16, 112
 WEIGHT_SETS = 4  # 4 x 64 MB of weights per replay: well past the 50 MB L2

@@ -31,8 +31,9 @@ from bench.common import (  # noqa: E402
     time_ms,
     write_results,
 )
-from latent_moe_fusion.ops.triton_kernels import tail, tail_configs  # noqa: E402
-from latent_moe_fusion.ops.triton_kernels.tail_configs import TailConfig, pick_config  # noqa: E402
+from latent_moe_fusion.ops.common.tail_gemm import tail_gemm_configs as tail_configs  # noqa: E402
+from latent_moe_fusion.ops.common.tail_gemm import tail_launch as tail  # noqa: E402
+from latent_moe_fusion.ops.common.tail_gemm.tail_gemm_configs import TailConfig, pick_config  # noqa: E402
 
 K, N = 3584, 7168
 DECODE_M = (1, 2, 4, 8, 16, 32, 64, 128)

@@ -9,7 +9,7 @@ Correctness of both against a float64 reference on poisoned outputs is recorded 
 The choice table (tail_cute_choice.json) gives a bucket to cute only where cute is at least
 CHOICE_MARGIN faster than Triton in every measured row of that bucket; unmeasured buckets stay Triton.
 With --install-choice the run also writes it into the table the package ships and the op reads
-(latent_moe_fusion/ops/cute/tail_choice.json; `make bench` does).
+(latent_moe_fusion/ops/tail/cute/tail_choice.json; `make bench` does).
 
     PYTHONPATH=. python3 bench/tail_cute.py --out bench/results
 """
@@ -35,9 +35,9 @@ from bench.common import (  # noqa: E402
     time_graph_ms,
     write_results,
 )
-from latent_moe_fusion.ops.cute import tail_runtime  # noqa: E402
-from latent_moe_fusion.ops.cute.tail_backend import DEFAULT_CHOICE  # noqa: E402
-from latent_moe_fusion.ops.cute.tail_configs import TABLE, bucket_bound, pick_config  # noqa: E402
+from latent_moe_fusion.ops.tail.cute import tail_runtime  # noqa: E402
+from latent_moe_fusion.ops.tail.cute.tail_backend import DEFAULT_CHOICE  # noqa: E402
+from latent_moe_fusion.ops.tail.cute.tail_configs import TABLE, bucket_bound, pick_config  # noqa: E402
 
 K, N = 3584, 7168
 M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 512, 4096)  # every decode bucket measured
@@ -46,7 +46,7 @@ DTYPE = torch.bfloat16
 CHOICE_MARGIN = 0.03  # cute must be >= 3% faster than Triton (above run-to-run noise) to take a bucket
 
 try:
-    from latent_moe_fusion.ops.triton_kernels.tail import tail_fused as triton_tail
+    from latent_moe_fusion.ops.common.tail_gemm.tail_launch import tail_fused as triton_tail
 
     TRITON_ERROR = None
 except Exception as exc:  # the Triton tail is another issue's work; compare against cuBLAS if absent
@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--m", type=int, nargs="*", default=list(M_VALUES))
     parser.add_argument("--r", type=int, nargs="*", default=list(R_VALUES))
     parser.add_argument("--install-choice", action="store_true",
-                        help="also write the choice into the table the package ships (ops/cute/tail_choice.json)")
+                        help="also write the choice into the table the package ships (ops/tail/cute/tail_choice.json)")
     args = parser.parse_args()
     if triton_tail is None:
         print(f"Triton tail unavailable ({TRITON_ERROR}); comparing against the unfused cuBLAS tail", flush=True)

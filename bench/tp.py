@@ -6,7 +6,7 @@ replayed in alternating rounds with a barrier before each replay, the slowest ra
 - exchange rows: the TP fragment publication (this rank's partial [M, H] -> [R, M, H/R] on every owner), the SP
   publication ([R M, H] -> [M, R, H]) and the TP output all-gather ([M, H/R] -> [M, H]), by symmetric memory
   (`symm`: one Triton launch per exchange; `symm_copies`: torch copies between two workspace barriers) and by
-  NCCL (`nccl`: layouts.py's all-to-all / all-gather);
+  NCCL (`nccl`: fragment_layouts.py's all-to-all / all-gather);
 - tail rows: the unfused tails as the compiled reference block runs them (TP: NCCL all-reduce of the shared
   partial, SP: its reduce-scatter; then y_n @ W_up^T + s) against the fused ones (fragment publication, then
   lmf::latent_tail, TP with its output all-gather), fused with each exchange.
@@ -65,7 +65,7 @@ def rows_for(m: int, exchange, world: int, rank: int, peer_bw: float) -> list[di
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
 
-    from latent_moe_fusion.ops import layouts
+    from latent_moe_fusion.ops.common import fragment_layouts as layouts
 
     name, dev = dist.group.WORLD.group_name, exchange.device
     gen = torch.Generator().manual_seed(1000 + m)  # same draws on every rank

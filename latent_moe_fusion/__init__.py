@@ -3,9 +3,9 @@
 from typing import Any
 
 from . import ops
-from .config import ConfigError, KimiK3MoEConfig
+from .kimi_k3_config import ConfigError, KimiK3MoEConfig
 from .model import KimiK3MoEBlock
-from .ops.symm_exchange import prepare_symmetric_exchange, release_symmetric_exchange
+from .ops.common.symm_exchange import prepare_symmetric_exchange, release_symmetric_exchange
 
 # The fusion pass imports torch._inductor and torch._dynamo (seconds): loaded on first use only, so
 # that code using just the ops (kernels, benchmarks, spawned test workers) does not pay for it.

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from .cli_args import CliError, positive_int
-from .config import ConfigError, KimiK3MoEConfig
 from .fusion_pass import FusionConfig, LatentMoEFusionPass, record_fusion
+from .kimi_k3_config import ConfigError, KimiK3MoEConfig
 from .model import KimiK3MoEBlock
 from .reference64 import block_float64, routing, shared_weights
 

@@ -102,7 +102,7 @@ def down_projection_kernel(name: str, raw: str) -> str:
 
 
 ROUTED_FP8_WORDS = ("0", "1", "l1,l2")
-# The ops with backends (ops/backends.py registers them as their modules import; a test keeps this list equal).
+# The ops with backends (ops/common/backends.py registers them as their modules import; a test keeps this list equal).
 BACKEND_OPS = ("routed_experts", "moe_shared_producer", "latent_tail", "noaux_tc_route", "route_and_project",
                "route_and_produce")
 
@@ -126,7 +126,7 @@ _DECLARED = (
                "usual. A name no op has a backend of raises ValueError (a typo, or an optional backend whose package "
                "does not import); a forced backend that cannot run the call raises RuntimeError. `reference` gives pure "
                "PyTorch on one stream; `deepgemm` also opts `lmf::routed_experts` into DeepGEMM.",
-        read_in=("ops/backends.py",),
+        read_in=("ops/common/backends.py",),
     ),
     EnvVar(
         "LMF_BACKEND_<OP>", text, None,
@@ -139,7 +139,7 @@ _DECLARED = (
                "backend of that op raises ValueError. `LMF_BACKEND_ROUTED_EXPERTS=deepgemm` opts into DeepGEMM's sm_90 "
                "grouped GEMMs. `LMF_BACKEND_LATENT_TAIL=cute` forces the CuTe tail wherever its shapes fit, bypassing "
                "the measured table.",
-        read_in=("ops/backends.py",),
+        read_in=("ops/common/backends.py",),
         prefix="LMF_BACKEND_",
         members=tuple(f"LMF_BACKEND_{op.upper()}" for op in BACKEND_OPS),
     ),
@@ -152,7 +152,7 @@ _DECLARED = (
                "which is a host sync; on the Triton backends it waits only after the op's launches. With `0`, bad ids "
                "index out of bounds, so use it only with a router known to be correct. CUDA-graph capture always "
                "skips the check, and CPU tensors are always checked.",
-        read_in=("ops/validation.py",),
+        read_in=("ops/routed/expert_ids_check.py",),
     ),
     EnvVar(
         "LMF_ROUTED_FP8",
@@ -167,7 +167,7 @@ _DECLARED = (
                "the bf16 kernels (activations ~7e-4 from them). When set, a call on that path that the FP8 kernels "
                "cannot take raises and says why (device, weights' layout, or a latent / intermediate size that is not "
                "a multiple of 512).",
-        read_in=("ops/triton_kernels/producer_config.py",),
+        read_in=("ops/routed/producer_config.py",),
     ),
     EnvVar(
         "LMF_DOWN_PROJECTION", down_projection_kernel, "triton",
@@ -178,7 +178,7 @@ _DECLARED = (
                "`lmf::route_and_produce`. The Triton kernel runs only for bf16 on Hopper; cuBLAS runs elsewhere. Triton "
                "agrees with cuBLAS to bf16 rounding, not bitwise; `cublas` gives back the unfused bits. (Another swap "
                "kernel for the Triton side: the `down_projection_kernel` tuning override.)",
-        read_in=("ops/down_projection.py",),
+        read_in=("ops/routed/router_fused/down_projection.py",),
     ),
     EnvVar(
         "LMF_SYMM_EXCHANGE", folded_choice(("auto", "on", "off"), "auto"), "auto",
@@ -188,7 +188,7 @@ _DECLARED = (
                "None and every rank keeps torch.distributed. `auto` takes the symmetric-memory path within the "
                "measured token windows (copies: from 8 tokens; kernel: from 1); `on` takes it wherever the workspace "
                "fits (up to max_tokens). Moves bitwise the same bytes as torch.distributed.",
-        read_in=("ops/symm_exchange.py",),
+        read_in=("ops/common/symm_exchange.py",),
         read_when="once, by `prepare_symmetric_exchange`",
     ),
     EnvVar(
@@ -196,9 +196,9 @@ _DECLARED = (
         values="`copies`, `kernel` (case and spaces ignored)",
         unset="`copies`",
         effect="`copies` uses torch copies between two workspace barriers; `kernel` uses one Triton launch with one "
-               "signal per program and peer (ops/triton_kernels/peer_exchange.py), so far run on one GPU only. Must be "
+               "signal per program and peer (ops/common/peer_exchange.py), so far run on one GPU only. Must be "
                "the same on every rank, else ValueError. Same bits either way.",
-        read_in=("ops/symm_exchange.py",),
+        read_in=("ops/common/symm_exchange.py",),
         read_when="once, by `prepare_symmetric_exchange`",
     ),
     EnvVar(
@@ -210,7 +210,7 @@ _DECLARED = (
                "`prepare_deepgemm_producer`). That backend quantizes the routed activations (z and the SiTU output) to "
                "FP8 e4m3 with per-32 UE8M0 scales, which breaks the BF16 contract's numerics. The mapping has not run "
                "on hardware.",
-        read_in=("ops/deepgemm/sm100_mega_moe.py",),
+        read_in=("ops/routed/deepgemm/sm100_mega_moe.py",),
     ),
     EnvVar(
         "TRITON_INTERPRET", triton_flag, False,
@@ -218,8 +218,8 @@ _DECLARED = (
         unset="Off: compiled kernels.",
         effect="Triton runs kernels in its interpreter (CPU tensors; tests without a GPU). The package then picks "
                "interpreter-friendly configs, runs no Gluon kernels and launches nothing as a programmatic dependent.",
-        read_in=("ops/gluon_kernels/__init__.py", "ops/pdl.py", "ops/triton_kernels/producer_config.py",
-                 "ops/triton_kernels/tail.py"),
+        read_in=("ops/routed/gluon/__init__.py", "ops/common/pdl.py", "ops/routed/producer_config.py",
+                 "ops/common/tail_gemm/tail_launch.py"),
         audience=DEVELOPER,
     ),
     EnvVar(
@@ -227,7 +227,7 @@ _DECLARED = (
         values="CUTLASS DSL's: an arch such as `sm_90a`.",
         unset="`sm_90a`",
         effect="The CuTe tail's compile target (set it to compile on a machine without that GPU).",
-        read_in=("ops/cute/tail_runtime.py",),
+        read_in=("ops/tail/cute/tail_runtime.py",),
         audience=DEVELOPER,
     ),
 )

@@ -17,8 +17,8 @@ import torch.distributed as dist
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from .cli_args import CliError, positive_int
-from .config import ConfigError, KimiK3MoEConfig
 from .fusion_pass import FusionReport, LatentMoEFusionPass
+from .kimi_k3_config import ConfigError, KimiK3MoEConfig
 from .model import KimiK3MoEBlock
 
 

@@ -11,7 +11,7 @@ import torch
 
 from .model.block import KimiK3MoEBlock
 from .model.router import localize_ids, route
-from .ops.mxfp4 import dequantize_mxfp4
+from .ops.common.mxfp4 import dequantize_mxfp4
 
 F64 = torch.float64
 

@@ -59,14 +59,14 @@ class TuningOverrides:
         "the latent tail's decode kernels (Triton and CuTe: they load weights before they wait) and the combine's "
         "early signal. `routed` covers a single token's K-split chain L1, L1 finish, L2, which runs only with "
         "`routed_gemv=False`. Outputs are bitwise equal to PDL off (docs/results.md).",
-        "ops/pdl.py")
+        "ops/common/pdl.py")
     tail_prefetch: int | str | None = _knob(
         "A count of K steps, at least 0.",
         "2",
         "How many K steps of each weight row the dependent (PDL) swap-AB decode tail kernel sends to L2 before it "
         "waits; `0` sends none. Acts only when that kernel launches with PDL, with aligned weights and whole K "
         "steps. L2 prefetch only.",
-        "ops/triton_kernels/tail.py")
+        "ops/common/tail_gemm/tail_launch.py")
     tail_gemv: str | None = _knob(
         "`off`, or `ROWSxKxPRELOAD[wWARPS][sSTAGES]`, e.g. `4x512x1024w2s1`: rows, a K step of at least 16, warps "
         "and a non-zero preload are powers of two; stages 1 to 8.",
@@ -75,16 +75,16 @@ class TuningOverrides:
         "(`swap:16x64x128/w4/st5/s2`); a shape sets another GEMV, where an omitted `w` means 4 warps and an omitted "
         "`s` 1 stage. Each config sums in its own fixed order: deterministic, but another config may differ in the "
         "last bits.",
-        "ops/triton_kernels/tail_configs.py")
+        "ops/common/tail_gemm/tail_gemm_configs.py")
     cute_tail_choice: str | os.PathLike | None = _knob(
         "A path to an existing JSON file `{\"choice\": {\"<bucket bound M>\": \"cute\" or \"triton\"}}` "
         "(bench/tail_cute.py writes them).",
-        "The table the package ships, `ops/cute/tail_choice.json` (a copy of the measured "
+        "The table the package ships, `ops/tail/cute/tail_choice.json` (a copy of the measured "
         "`bench/results/tail_cute_choice.json`, kept equal by a test): CuTe for M = 3 to 64; Triton for M up to 2, "
         "65 to 128 and prefill.",
         "Which M buckets of `lmf::latent_tail` the CuTe tail (sm_90, nvidia-cutlass-dsl) takes ahead of Triton. It "
         "plays no part when a tail backend is forced. Each file is parsed once per process.",
-        "ops/cute/tail_backend.py")
+        "ops/tail/cute/tail_backend.py")
     # The latent down-projection beside the router.
     down_projection_kernel: str | None = _knob(
         "A swap-kernel label `KERNEL:BMxBNxBK/wWARPS/stSTAGES/sSPLIT` with KERNEL `swap` or `swap_tma`, e.g. "
@@ -92,7 +92,7 @@ class TuningOverrides:
         "The measured table of `LMF_DOWN_PROJECTION=triton`.",
         "The Triton kernel of the latent down-projection where `LMF_DOWN_PROJECTION` is `triton` (the default): "
         "the label's kernel serves up to BM tokens, cuBLAS beyond. No effect with `LMF_DOWN_PROJECTION=cublas`.",
-        "ops/down_projection.py")
+        "ops/routed/router_fused/down_projection.py")
     router_overlap_streams: bool | str | None = _knob(
         "True / `1`, False / `0`.",
         "Two streams up to 64 tokens, one stream beyond.",
@@ -100,13 +100,13 @@ class TuningOverrides:
         "taken, on CUDA. True always runs the down-projection on a side stream beside the router chain; False "
         "never does. The same calls run either way, so outputs are bitwise equal. (Whether the pass inserts the op "
         "at all is `FusionConfig.overlap_router`.)",
-        "ops/route_and_project.py")
+        "ops/routed/router_fused/route_and_project.py")
     router_overlap_order: str | None = _knob(
         "`router`, `down`",
         "`router`",
         "When the router chain and the down-projection run side by side, which is launched first (`down`: the "
         "down-projection, on the side stream). Both branches fork first, so only the launch order changes.",
-        "ops/route_and_project.py")
+        "ops/routed/router_fused/route_and_project.py")
     # lmf::route_and_produce's shared-first schedule.
     shared_first_schedule: bool | str | None = _knob(
         "True / `1`, False / `0`.",
@@ -116,46 +116,46 @@ class TuningOverrides:
         "runs the two ops in a row. Bitwise the two ops from 5 tokens on. Forced below 5 tokens, cuBLAS replaces the "
         "producer's Triton shared grids, which sum in another order. (Whether the pass inserts the op at all is "
         "`FusionConfig.shared_first`.)",
-        "ops/route_and_produce.py")
+        "ops/routed/router_fused/route_and_produce.py")
     shared_first_order: tuple[str, str, str] | str | None = _knob(
         "Each of `shared`, `router`, `down` once, as a sequence or comma-separated, e.g. `router,shared,down`.",
         "`router,shared,down` up to 32 tokens, `shared,router,down` beyond.",
         "The launch order of the shared-first schedule's three branches. Every side stream forks before any of "
         "them, and the kernels are the same, so only the order on the GPU changes.",
-        "ops/route_and_produce.py")
+        "ops/routed/router_fused/route_and_produce.py")
     shared_first_urgent: str | None = _knob(
         "`none`, `route`, `all`",
         "`all` up to 8 tokens, `none` beyond.",
         "Which shared-first branches go on high-priority streams. `route` covers the router chain and the "
         "down-projection; `all` adds the routed experts. Scheduling only: the GPU tests found outputs bitwise equal "
         "under every urgency.",
-        "ops/route_and_produce.py")
+        "ops/routed/router_fused/route_and_produce.py")
     # The producer's schedule and the shared expert's placement.
     group_first: bool | str | None = _knob(
         "True / `1`, False / `0`.",
         "Grouping before the shared expert's side-stream fork from 2 tokens on, after the fork for 1 token.",
         "Acts only beside the register-dequant routed kernels (the Triton grids always group first). True launches "
         "the expert grouping before the fork, False after it. Launch order only.",
-        "ops/triton_kernels/expert_schedule.py")
+        "ops/routed/expert_schedule.py")
     regs_shared: str | None = _knob(
         "`side`, `cublas`, `cublas_side`",
         "By shared tokens: `side` up to 4, `cublas_side` up to 16, `cublas` beyond.",
         "Where the producer runs the shared expert beside the register-dequant or GEMV routed kernels: Triton grids "
         "on a side stream, cuBLAS in line after the routed L1 launch, or cuBLAS on the side stream. The Triton grids "
         "sum in other orders than cuBLAS (not bitwise); `cublas` and `cublas_side` run the same GEMMs.",
-        "ops/triton_kernels/expert_schedule.py")
+        "ops/routed/expert_schedule.py")
     grid_shared: str | None = _knob(
         "`grid`, `cublas`",
         "`grid` up to 256 shared tokens, `cublas` beyond.",
         "Where the producer runs the shared expert when the routed tiles are on the Triton grids: inside them (one "
         "launch per layer) or as cuBLAS GEMMs between them. Other kernels, other summation order.",
-        "ops/triton_kernels/expert_schedule.py")
+        "ops/routed/expert_schedule.py")
     shared_in_line: str | None = _knob(
         "`first`, `after_l1`",
         "`first` from 257 shared tokens on, `after_l1` below.",
         "Where the producer launches its in-line cuBLAS shared GEMMs (`cublas` placement): before the routed "
         "grouping, or right after the routed L1 launch. The same kernels on one stream give the same bits.",
-        "ops/triton_kernels/expert_schedule.py")
+        "ops/routed/expert_schedule.py")
     # The producer's configs (ProducerConfig; part of its memo key).
     prefill_regs: int | str | None = _knob(
         "`0`, `16`, `32`, `64`, `128`, `choice`",
@@ -167,37 +167,37 @@ class TuningOverrides:
         "r = 128, 64-row up to 4096, and beyond that a per-call GPU choice between 64-row blocks and the Triton "
         "tiles. Gluon vs Triton tiles is ~1e-4, not bitwise; staged vs register-dequant is not the same bits; "
         "64-row vs 32-row blocks is bitwise.",
-        "ops/triton_kernels/producer_config.py")
+        "ops/routed/producer_config.py")
     regs_split: tuple[int, int] | str | None = _knob(
         "`L1,L2`: two integers of at least 1, as a pair or text, e.g. `2,4`.",
         "`4,2` up to 16 pairs (one top-16 token), `1,1` beyond.",
         "The K slices of the register-dequant routed L1 and L2, at any size when set. FP32 slice sums are added in "
         "slice order. A split that does not cut K into whole 128-wide steps falls back to `1,1`, and any split "
         "other than `1,1` keeps the FP8 L1 off.",
-        "ops/triton_kernels/producer_config.py")
+        "ops/routed/producer_config.py")
     producer_decode_shared_tiles: tuple[int, int] | str | None = _knob(
         "`ROWSxK`, as a pair or text, powers of two of at least 16, e.g. `16x128`.",
         "`32x64`; `32x128` beside the register-dequant kernels for up to 16 pairs or the GEMV's tokens.",
         "The (rows, K) tile of the shared expert's gate/up programs in the Triton grids of the MXFP4 decode configs "
         "(up to 4096 pairs).",
-        "ops/triton_kernels/producer_config.py")
+        "ops/routed/producer_config.py")
     producer_shared_split: int | str | None = _knob(
         "A power of two of at least 1.",
         "4 (up to 16 pairs, or 33 to 64 GEMV pairs), 8 (17 to 32 pairs).",
         "The K slices of the shared gate/up in the Triton grids beside the register-dequant kernels, only for a "
         "single token or the GEMV's tokens (otherwise unsplit).",
-        "ops/triton_kernels/producer_config.py")
+        "ops/routed/producer_config.py")
     producer_shared_l2_rows: int | str | None = _knob(
         "A power of two of at least 16.",
         "64",
         "Weight rows per program of the shared expert's down GEMM in the Triton grids beside the register-dequant "
         "kernels (MXFP4 decode).",
-        "ops/triton_kernels/producer_config.py")
+        "ops/routed/producer_config.py")
     producer_shared_l2_k: int | str | None = _knob(
         "A power of two of at least 16.",
         "64 for a single token or the GEMV's tokens, 32 otherwise.",
         "The K tile of those shared down programs.",
-        "ops/triton_kernels/producer_config.py")
+        "ops/routed/producer_config.py")
     # The routed MXFP4 kernels.
     routed_gemv: bool | str | None = _knob(
         "False / `0`, True / `1`, or a shape `L1ROWSxL2ROWSxWORDS[wWARPS][pPAIRS][b][f][rREGS]`, e.g. `4x4x64w1p2`: "
@@ -207,33 +207,33 @@ class TuningOverrides:
         "Runs the routed MXFP4 experts of a few decode tokens (sm_90 register-dequant path) on CUDA-core GEMV "
         "kernels instead of the grouped MMA kernels. False turns it off; True or a shape turns it on at every decode "
         "size the GEMV can take (up to 1024 pairs). FP32 sums in a fixed order: bitwise deterministic.",
-        "ops/triton_kernels/routed_gemv.py")
+        "ops/routed/routed_gemv.py")
     mxfp4_regs: bool | str | None = _knob(
         "True / `1`, False / `0`.",
         "On, wherever the kernels can run.",
         "False moves the routed MXFP4 experts off the sm_90 Gluon kernels (register-dequant, staged, routed GEMV "
         "and FP8) onto the Triton tiles, at decode and prefill sizes. Not bitwise the same: the Gluon kernels are "
         "~1e-4 rel. L2 from the Triton tiles (docs/results.md).",
-        "ops/gluon_kernels/__init__.py")
+        "ops/routed/gluon/__init__.py")
     mxfp4_ring: tuple[str, str] | str | None = _knob(
         "One of `loads`, `cp2`, `cp4`, `tma` for both kernels, or two as `L1,L2` (a pair or text), e.g. `tma,cp4`.",
         "L1: `tma`. L2: `tma` up to 2048 pairs or in 64-row blocks, `cp4` beyond.",
         "How the register-dequant kernels bring in their weight words: 16-byte loads one step ahead, or a "
         "shared-memory ring filled by cp.async (1 or 3 steps ahead) or by TMA. K slices, and a K that is not a "
         "whole number of ring rounds, take the loads. All give the same bits.",
-        "ops/gluon_kernels/__init__.py")
+        "ops/routed/gluon/__init__.py")
     mxfp4_load_order: str | None = _knob(
         "`auto`, `early`, `late`",
         "`auto`: late for 32-row MMAs, early for 16-row ones.",
         "When the TMA ring's step issues the next step's scales and activation tile: before its stage wait (early) "
         "or after its barrier (late). Bitwise equal (docs/results.md).",
-        "ops/gluon_kernels/__init__.py")
+        "ops/routed/gluon/__init__.py")
     mxfp4_maxnreg: tuple[int | str, int | str] | int | str | None = _knob(
         "`L1,L2` (a pair or text), or one value for both. Each is a register count from 24 to 255, `none` "
         "(uncapped) or `auto`.",
         "`auto`: L1 uncapped on the TMA ring and 128 on the other rings, L2 80; 64-row blocks uncapped.",
         "The register caps (ptxas maxnreg) of the register-dequant L1 and L2 kernels.",
-        "ops/gluon_kernels/__init__.py")
+        "ops/routed/gluon/__init__.py")
     # DeepGEMM.
     deepgemm_routed_layout: str | None = _knob(
         "`masked`, `contiguous`",
@@ -241,7 +241,7 @@ class TuningOverrides:
         "Which layout of DeepGEMM's sm_90 BF16 M-grouped GEMMs the opt-in `deepgemm` backend of "
         "`lmf::routed_experts` uses. It acts only when that backend is forced by `LMF_BACKEND_ROUTED_EXPERTS` or "
         "`LMF_BACKEND`.",
-        "ops/deepgemm/sm90_grouped.py")
+        "ops/routed/deepgemm/sm90_grouped.py")
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from latent_moe_fusion.ops.deepgemm.formats import dequantize_fp8_ue8m0, e8m0_as_float, pack_ue8m0, unpack_ue8m0
-from latent_moe_fusion.ops.math import rms_norm_math, situ
-from latent_moe_fusion.ops.mxfp4 import e2m1_lut
+from latent_moe_fusion.ops.common.mxfp4 import e2m1_lut
+from latent_moe_fusion.ops.common.reference_math import rms_norm_math, situ
+from latent_moe_fusion.ops.routed.deepgemm.formats import dequantize_fp8_ue8m0, e8m0_as_float, pack_ue8m0, unpack_ue8m0
 
 INTERLEAVE = 8  # gate/up rows interleaved in groups of 8
 UTCCP_ROWS = 128
@@ -368,8 +368,8 @@ def install(monkeypatch, fake: FakeDeepGemm, arch: tuple[int, int]) -> None:
     """Put `fake` in sys.modules as deep_gemm, pretend a GPU of `arch`, forget cached probes."""
     import sys
 
-    from latent_moe_fusion.ops import deepgemm
-    from latent_moe_fusion.ops.deepgemm import probe
+    from latent_moe_fusion.ops.routed import deepgemm
+    from latent_moe_fusion.ops.routed.deepgemm import probe
 
     monkeypatch.setitem(sys.modules, "deep_gemm", fake.module)
     monkeypatch.setattr(probe, "_device_capability", lambda: arch)

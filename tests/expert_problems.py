@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from latent_moe_fusion.ops.math import rms_norm_math, routed_experts_math, shared_expert_math
-from latent_moe_fusion.ops.mxfp4 import quantize_mxfp4
+from latent_moe_fusion.ops.common.mxfp4 import quantize_mxfp4
+from latent_moe_fusion.ops.common.reference_math import rms_norm_math, routed_experts_math, shared_expert_math
 
 BETA, LIN_BETA = 4.0, 25.0
 EPS = 1e-5
@@ -108,7 +108,7 @@ def bf16_vs_float64_tolerance() -> float:
     """A bf16 routed output (RMS-normalised or not) against float64: the float64 reference skips the act and
     output roundings the contract makes, so it gets the bound of tests/test_ops_reference.py (1e-2). At the
     tiny sizes' few outputs the two roundings alone scatter around 2.5e-3 (3.2e-3 seen at M = 2), over
-    tolerance()'s 3e-3, which stays the bound against ops.math (the same roundings)."""
+    tolerance()'s 3e-3, which stays the bound against ops.common.reference_math (the same roundings)."""
     return 1e-2
 
 

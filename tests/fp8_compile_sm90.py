@@ -1,4 +1,4 @@
-"""The FP8 routed kernels (ops/gluon_kernels/routed_fp8.py) and the bf16 L2 in the 8-row blocks the FP8 L1 shares
+"""The FP8 routed kernels (ops/routed/gluon/routed_fp8.py) and the bf16 L2 in the 8-row blocks the FP8 L1 shares
 with it, compiled for sm_90 on a machine without a GPU as their launchers call them, with per k step counts of each
 K loop (JSON). Run by tests/test_routed_fp8.py in a fresh interpreter without TRITON_INTERPRET.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import triton
 
-from latent_moe_fusion.ops import gluon_kernels as gk
-from latent_moe_fusion.ops.gluon_kernels import routed_fp8 as rf
+from latent_moe_fusion.ops.routed import gluon as gk
+from latent_moe_fusion.ops.routed.gluon import routed_fp8 as rf
 from tests.gluon_compile_sm90 import compile_sm90
 from tests.sm90_sass import SM90, registers, sass_of, spills
 
@@ -29,7 +29,7 @@ L2_FP8_SIG = {"a_hi_ptr": "*fp8e4nv", "a_lo_ptr": "*fp8e4nv", "row_factor_ptr": 
 
 
 def compile_fp8(which: str, bm: int, mma: str = "pipe") -> triton.compiler.CompiledKernel:
-    """l1_fp8_kernel or l2_fp8_kernel as their launchers call them (gluon_kernels.launch_routed_l*_fp8)."""
+    """l1_fp8_kernel or l2_fp8_kernel as their launchers call them (routed.gluon.launch_routed_l*_fp8)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 

@@ -1,4 +1,4 @@
-"""The Gluon register-dequant kernels (ops/gluon_kernels/routed_gemm.py) compiled for sm_90 on a machine without a
+"""The Gluon register-dequant kernels (ops/routed/gluon/routed_gemm.py) compiled for sm_90 on a machine without a
 GPU at the Kimi K3 rank sizes, for every weight ring, K split, block rows and load order the launchers use, with
 per k step counts of their main loop (JSON). Run by tests/test_gluon_compile_sm90.py in a fresh interpreter without
 TRITON_INTERPRET; tests/fp8_compile_sm90.py and tests/pdl_compile_sm90.py reuse its kernel signatures.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import triton
 
-from latent_moe_fusion.ops import gluon_kernels as gk
-from latent_moe_fusion.ops.gluon_kernels import routed_gemm as rg
+from latent_moe_fusion.ops.routed import gluon as gk
+from latent_moe_fusion.ops.routed.gluon import routed_gemm as rg
 from tests.sm90_sass import SM90, main_loop, registers, sass_of, spills
 
 BM = gk.BLOCK_ROWS[0]
@@ -40,7 +40,7 @@ def compile_sm90(which: str, split: int = 1, ring: str = "loads", order: str = "
     kind, stages = gk.WEIGHT_RINGS[ring]
     constexprs = {"BM": bm, "BK": gk.STEP_K, "SPLIT": split, "num_warps": warps, "RING": kind, "STAGES": stages,
                   "ORDER": order}
-    if kind == "tma":  # the launcher's descriptor (gluon_kernels._words_descriptor)
+    if kind == "tma":  # the launcher's descriptor (routed.gluon._words_descriptor)
         rows = 16 * warps
         box = f"2, {rows}, {gk.STEP_K // 8}" if which == "l1" else f"{rows}, {gk.STEP_K // 8}"
         layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3 if which == "l1" else 2)
@@ -78,15 +78,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True, help="folder for gluon_sass.json")
     args = ap.parse_args()
-    # K slices (a single token's split) always take the loads (gluon_kernels.ring_for)
+    # K slices (a single token's split) always take the loads (routed.gluon.ring_for)
     rows = [loop_stats(w, split, ring) for ring in gk.WEIGHT_RINGS for split in ((1, 2) if ring == "loads" else (1,))
             for w in ("l1", "l2")]
     # 32-row blocks (M = 128 at decode; the kernel holds a 16- and a 32-row MMA path): L1's TMA ring with either
-    # load order (gluon_kernels.LOAD_ORDERS; "auto" is late there), and L2 on its TMA ring
+    # load order (routed.gluon.LOAD_ORDERS; "auto" is late there), and L2 on its TMA ring
     rows += [loop_stats("l1", 1, "tma", order, 32) for order in ("early", "late")]
     rows.append(loop_stats("l2", 1, "tma", "auto", 32))
     # 64-row blocks (beyond decode; the kernels hold 16-, 32- and 64-row MMA paths, the loop counted is the longest):
-    # both on the TMA ring, uncapped (gluon_kernels.max_registers, default_rings)
+    # both on the TMA ring, uncapped (routed.gluon.max_registers, default_rings)
     rows += [loop_stats(w, 1, "tma", "auto", 64) for w in ("l1", "l2")]
     for r in rows:
         print(r, flush=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from latent_moe_fusion.ops.triton_kernels.moe_align import Grouping
+from latent_moe_fusion.ops.routed.triton.moe_align import Grouping
 
 
 def assert_valid_grouping(g: Grouping, ids: torch.Tensor, num_experts: int) -> None:

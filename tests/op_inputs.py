@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from latent_moe_fusion import KimiK3MoEBlock, KimiK3MoEConfig
 from latent_moe_fusion.model.router import localize_ids, route
-from latent_moe_fusion.ops.layouts import resolve_group
+from latent_moe_fusion.ops.common.fragment_layouts import resolve_group
 
 TINY = KimiK3MoEConfig.tiny()
 

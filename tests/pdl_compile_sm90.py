@@ -8,16 +8,16 @@ import json
 import re
 
 import triton
+from bench.regs_sass import L1_SIG, L2_SIG
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from latent_moe_fusion.ops import gluon_kernels as gk
-from latent_moe_fusion.ops.gluon_kernels import routed_gemm as rg
-from latent_moe_fusion.ops.triton_kernels.combine import combine_kernel
-from latent_moe_fusion.ops.triton_kernels.split_k import l1_finish_kernel
-from latent_moe_fusion.ops.triton_kernels.tail_gemv import tail_gemv_kernel
-from latent_moe_fusion.ops.triton_kernels.tail_kernels import tail_swap_kernel, tail_swap_tma_kernel
-from tests.gluon_compile_sm90 import L1_SIG, L2_SIG
+from latent_moe_fusion.ops.common.tail_gemm.tail_gemv import tail_gemv_kernel
+from latent_moe_fusion.ops.common.tail_gemm.tail_kernels import tail_swap_kernel, tail_swap_tma_kernel
+from latent_moe_fusion.ops.routed import gluon as gk
+from latent_moe_fusion.ops.routed.gluon import routed_gemm as rg
+from latent_moe_fusion.ops.routed.split_k_finish import l1_finish_kernel
+from latent_moe_fusion.ops.routed.triton.combine import combine_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 

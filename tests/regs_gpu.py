@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
+from latent_moe_fusion.ops.routed.expert_schedule import run_experts
 from tests.expert_problems import make_problem, rel_l2, tolerance
 from tests.float64_reference import routed64
 

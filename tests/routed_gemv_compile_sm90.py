@@ -1,4 +1,4 @@
-"""The routed GEMV kernels (ops/gluon_kernels/routed_gemv.py) compiled for sm_90 on a machine without a GPU at the
+"""The routed GEMV kernels (ops/routed/gluon/gluon_routed_gemv.py) compiled for sm_90 on a machine without a GPU at the
 Kimi K3 rank sizes for the default shape (and the bf16x2-scaled lookup for comparison), with the counts of their K
 loop (JSON). Run by tests/test_routed_gemv_compile_sm90.py in a fresh interpreter without TRITON_INTERPRET.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import triton
 
-from latent_moe_fusion.ops.gluon_kernels import routed_gemv as rg
-from latent_moe_fusion.ops.triton_kernels.routed_gemv import ROUTED_GEMV_CONFIG, RoutedGemvConfig
+from latent_moe_fusion.ops.routed.gluon import gluon_routed_gemv as rg
+from latent_moe_fusion.ops.routed.routed_gemv import ROUTED_GEMV_CONFIG, RoutedGemvConfig
 from tests.sm90_sass import SM90, loop_ranges, registers, sass_of, spills
 
 TYPES = ("*i32", "*i32", "*i32", "*u8", None, "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "fp32",

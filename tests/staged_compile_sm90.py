@@ -15,7 +15,7 @@ from pathlib import Path
 
 import triton
 
-from latent_moe_fusion.ops import gluon_kernels as gk
+from latent_moe_fusion.ops.routed import gluon as gk
 from tests.sm90_sass import SM90, loop_ranges, registers, sass_of, spills
 
 L1_SIG = {"z_ptr": "*bf16", "s_ptr": "*u8", "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "act_ptr": "*bf16",
@@ -26,11 +26,11 @@ L2_SIG = {"act_ptr": "*bf16", "s_ptr": "*u8", "sorted_ptr": "*i32", "block_exper
 
 
 def compile_sm90(which: str) -> triton.compiler.CompiledKernel:
-    """The staged L1 or L2 as the launcher compiles it (gluon_kernels._launch_staged_l1 / _l2)."""
+    """The staged L1 or L2 as the launcher compiles it (routed.gluon._launch_staged_l1 / _l2)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from latent_moe_fusion.ops.gluon_kernels import routed_staged as rs
+    from latent_moe_fusion.ops.routed.gluon import routed_staged as rs
 
     fn, sig = (rs.l1_staged_kernel, L1_SIG) if which == "l1" else (rs.l2_staged_kernel, L2_SIG)
     # Integer arguments the launcher passes are multiples of 16 at the real sizes (what the JIT specialises on).

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from latent_moe_fusion.ops import backends
-from latent_moe_fusion.ops.backends import Backend, register_backend, select_backend
+from latent_moe_fusion.ops.common import backends
+from latent_moe_fusion.ops.common.backends import Backend, register_backend, select_backend
 
 OP = "test_only_op"
 

@@ -200,7 +200,7 @@ def test_group_errors_on_two_gloo_ranks():
 
 
 def test_id_check_opt_out_is_read_and_keeps_cpu_checked(monkeypatch):
-    from latent_moe_fusion.ops.validation import device_id_check_enabled
+    from latent_moe_fusion.ops.routed.expert_ids_check import device_id_check_enabled
 
     assert device_id_check_enabled()
     monkeypatch.setenv("LMF_CHECK_IDS", "0")

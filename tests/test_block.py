@@ -6,7 +6,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from latent_moe_fusion import ConfigError, KimiK3MoEBlock
 from latent_moe_fusion.model.router import route
-from latent_moe_fusion.ops.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from latent_moe_fusion.ops.common.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from tests.float64_reference import rel_l2
 from tests.op_inputs import TINY
 

@@ -6,7 +6,7 @@ last place."""
 import pytest
 import torch
 
-from latent_moe_fusion.ops.triton_kernels.combine import combine_tiles, launch_combine
+from latent_moe_fusion.ops.routed.triton.combine import combine_tiles, launch_combine
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EPS = 1e-5

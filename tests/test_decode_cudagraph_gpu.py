@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import latent_moe_fusion as lmf
-from latent_moe_fusion.ops.route_and_produce import SHARED_FIRST_MAX_TOKENS
-from latent_moe_fusion.ops.route_and_project import OVERLAP_MAX_TOKENS
-from latent_moe_fusion.ops.triton_kernels import tail as triton_tail
+from latent_moe_fusion.ops.common.tail_gemm import tail_launch as triton_tail
+from latent_moe_fusion.ops.routed.router_fused.route_and_produce import SHARED_FIRST_MAX_TOKENS
+from latent_moe_fusion.ops.routed.router_fused.route_and_project import OVERLAP_MAX_TOKENS
 
 pytestmark = pytest.mark.gpu
 

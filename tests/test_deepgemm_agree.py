@@ -11,9 +11,9 @@ SM90, SM100 = "sm90_grouped", "sm100_mega_bf16_shared"
 
 
 def _worker(rank: int, world: int):
-    from latent_moe_fusion.ops import deepgemm
-    from latent_moe_fusion.ops.deepgemm import agree, probe
-    from latent_moe_fusion.ops.deepgemm.probe import DeepGemmProbe
+    from latent_moe_fusion.ops.routed import deepgemm
+    from latent_moe_fusion.ops.routed.deepgemm import agree, probe
+    from latent_moe_fusion.ops.routed.deepgemm.probe import DeepGemmProbe
 
     def local(apis, reason=""):
         return DeepGemmProbe(bool(apis), reason, (10, 0), frozenset(apis), "x")

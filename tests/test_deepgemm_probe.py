@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from latent_moe_fusion.ops import deepgemm
-from latent_moe_fusion.ops.backends import explain
-from latent_moe_fusion.ops.deepgemm import probe
-from latent_moe_fusion.ops.deepgemm.probe import SM90_GROUPED, SM100_MEGA, parameter_names, probe_deepgemm
-from latent_moe_fusion.ops.math import routed_experts_math
-from latent_moe_fusion.ops.mxfp4 import quantize_mxfp4
+from latent_moe_fusion.ops.common.backends import explain
+from latent_moe_fusion.ops.common.mxfp4 import quantize_mxfp4
+from latent_moe_fusion.ops.common.reference_math import routed_experts_math
+from latent_moe_fusion.ops.routed import deepgemm
+from latent_moe_fusion.ops.routed.deepgemm import probe
+from latent_moe_fusion.ops.routed.deepgemm.probe import SM90_GROUPED, SM100_MEGA, parameter_names, probe_deepgemm
 from tests.deepgemm_fake import FakeDeepGemm, install
 
 
@@ -30,7 +30,7 @@ def test_importing_the_package_does_not_import_deep_gemm():
     # A fresh interpreter: another test of this session may have imported the real deep_gemm.
     code = (
         "import sys, latent_moe_fusion\n"
-        "from latent_moe_fusion.ops.backends import backends_for\n"
+        "from latent_moe_fusion.ops.common.backends import backends_for\n"
         "assert 'deep_gemm' not in sys.modules, 'importing latent_moe_fusion imported deep_gemm'\n"
         "assert 'deepgemm' in {b.name for b in backends_for('routed_experts')}\n"
         "assert 'deepgemm' in {b.name for b in backends_for('moe_shared_producer')}\n"
@@ -135,7 +135,7 @@ def test_absent_falls_back_identically_with_reason(monkeypatch):
     status = deepgemm.deepgemm_status()
     assert "not installed" in status and "Triton/reference" in status
     # Forcing the absent backend names why it cannot run.
-    from latent_moe_fusion.ops.backends import select_backend
+    from latent_moe_fusion.ops.common.backends import select_backend
 
     with pytest.raises(RuntimeError, match="not installed"):
         select_backend("routed_experts", "cuda", *args)

@@ -11,18 +11,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops import deepgemm
-from latent_moe_fusion.ops.deepgemm import agree, sm100_mega_moe, sm100_state, weights
-from latent_moe_fusion.ops.deepgemm.formats import (
+from latent_moe_fusion.ops.common.mxfp4 import quantize_mxfp4
+from latent_moe_fusion.ops.common.reference_math import rms_norm_math, routed_experts_math, shared_expert_math
+from latent_moe_fusion.ops.routed import deepgemm
+from latent_moe_fusion.ops.routed.deepgemm import agree, sm100_mega_moe, sm100_state
+from latent_moe_fusion.ops.routed.deepgemm import weight_cache as weights
+from latent_moe_fusion.ops.routed.deepgemm.formats import (
     dequantize_fp8_ue8m0,
     e8m0_as_float,
     pack_ue8m0,
     quantize_fp8_ue8m0,
     unpack_ue8m0,
 )
-from latent_moe_fusion.ops.deepgemm.probe import probe_deepgemm
-from latent_moe_fusion.ops.math import rms_norm_math, routed_experts_math, shared_expert_math
-from latent_moe_fusion.ops.mxfp4 import quantize_mxfp4
+from latent_moe_fusion.ops.routed.deepgemm.probe import probe_deepgemm
 from tests.deepgemm_fake import FakeDeepGemm, install
 
 E, L, INTER, K, H, I_S = 4, 128, 128, 3, 64, 64

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops import deepgemm
-from latent_moe_fusion.ops.backends import select_backend
-from latent_moe_fusion.ops.deepgemm import sm90_grouped
-from latent_moe_fusion.ops.deepgemm.probe import SM90_GROUPED, probe_deepgemm
-from latent_moe_fusion.ops.math import routed_experts_math
-from latent_moe_fusion.ops.mxfp4 import quantize_mxfp4
+from latent_moe_fusion.ops.common.backends import select_backend
+from latent_moe_fusion.ops.common.mxfp4 import quantize_mxfp4
+from latent_moe_fusion.ops.common.reference_math import routed_experts_math
+from latent_moe_fusion.ops.routed import deepgemm
+from latent_moe_fusion.ops.routed.deepgemm import sm90_grouped
+from latent_moe_fusion.ops.routed.deepgemm.probe import SM90_GROUPED, probe_deepgemm
 from tests.deepgemm_fake import FakeDeepGemm, install
 
 # DeepGEMM's grouped GEMMs round h and each expert's output to BF16 (the contract keeps FP32):

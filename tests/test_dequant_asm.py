@@ -4,8 +4,8 @@ at every position of a packed word must come out as the exact bf16 value, in k o
 import numpy as np
 import pytest
 
-from latent_moe_fusion.ops.gluon_kernels.lut_dequant import FP4_LUT8_ASM
-from latent_moe_fusion.ops.triton_kernels.weight_tiles import FP4_LUT_ASM, FP4_PAIRS_ASM
+from latent_moe_fusion.ops.routed.gluon.lut_dequant import FP4_LUT8_ASM
+from latent_moe_fusion.ops.routed.triton.weight_tiles import FP4_LUT_ASM, FP4_PAIRS_ASM
 from tests.ptx_emulator import _bf16_bits_to_f32, run_ptx
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
@@ -67,7 +67,7 @@ def test_pairs_bf16_gives_every_code_times_its_scale_within_the_window():
     """The wgmma kernels' dequantiser: $8 = word, $9 = the bf16x2 factor 2^(s - 1 - WINDOW) dequant_kappa
     makes of the E8M0 byte s; $i = code i times 2^(s - 127 - WINDOW). Exact for s in SCALE_BYTES_EXACT, rounded
     towards 0 below (bf16 subnormals), never finite above (inf / NaN): every byte, every code and position."""
-    from latent_moe_fusion.ops.gluon_kernels.lut_dequant import FP4_PAIRS_BF16_ASM, SCALE_BYTES_EXACT, WINDOW
+    from latent_moe_fusion.ops.routed.gluon.lut_dequant import FP4_PAIRS_BF16_ASM, SCALE_BYTES_EXACT, WINDOW
 
     lo, hi = SCALE_BYTES_EXACT
     for scale in range(256):

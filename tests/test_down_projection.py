@@ -1,11 +1,12 @@
-"""The down-projection's kernel choice (ops/down_projection.py) and its Triton path at small sizes on CPU
+"""The down-projection's kernel choice (ops/routed/router_fused/down_projection.py) and its Triton path at small sizes on CPU
 (TRITON_INTERPRET=1, set by conftest.py): float64 reference, NaN-poisoned outputs; bad values fail with the
 variable's (or override's) name and what it accepts."""
 
 import pytest
 import torch
 
-from latent_moe_fusion.ops.down_projection import (
+from latent_moe_fusion.ops.common.tail_gemm.tail_gemm_configs import TailConfig
+from latent_moe_fusion.ops.routed.router_fused.down_projection import (
     DOWN_PROJECTION_ENV,
     KERNEL_OVERRIDE,
     TRITON_TABLE,
@@ -14,7 +15,6 @@ from latent_moe_fusion.ops.down_projection import (
     project_down_triton,
     triton_config,
 )
-from latent_moe_fusion.ops.triton_kernels.tail_configs import TailConfig
 
 interpreter_only = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run on CPU only")
 

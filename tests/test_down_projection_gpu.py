@@ -1,12 +1,17 @@
-"""The down-projection's Triton path on the GPU (ops/down_projection.py) at Kimi K3 sizes (H = 7168 -> L = 3584):
+"""The down-projection's Triton path on the GPU (ops/routed/router_fused/down_projection.py) at Kimi K3 sizes (H = 7168 -> L = 3584):
 against float64 as close as cuBLAS, every element written (NaN poison), bitwise the same run to run and inside
 CUDA-graph replays, on strided inputs, and never in the way of the tail's split-K counters."""
 
 import pytest
 import torch
 
-from latent_moe_fusion.ops.down_projection import DOWN_PROJECTION_ENV, TRITON_TABLE, project_down, triton_config
-from latent_moe_fusion.ops.triton_kernels.tail import tail_fused
+from latent_moe_fusion.ops.common.tail_gemm.tail_launch import tail_fused
+from latent_moe_fusion.ops.routed.router_fused.down_projection import (
+    DOWN_PROJECTION_ENV,
+    TRITON_TABLE,
+    project_down,
+    triton_config,
+)
 from tests.graph_replay import replay_without_host_sync
 
 pytestmark = pytest.mark.gpu

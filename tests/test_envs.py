@@ -150,7 +150,7 @@ def _is_current(node: ast.expr) -> bool:
 
 
 def test_backend_family_names_the_ops_and_their_backends():
-    from latent_moe_fusion.ops.backends import _REGISTRY
+    from latent_moe_fusion.ops.common.backends import _REGISTRY
 
     ops = {op for op in _REGISTRY if hasattr(torch.ops.lmf, op)}
     assert ops == set(envs.BACKEND_OPS)
@@ -161,8 +161,9 @@ def test_backend_family_names_the_ops_and_their_backends():
 
 
 def test_defaults_agree_with_the_reading_modules():
-    from latent_moe_fusion.ops import down_projection, symm_exchange
-    from latent_moe_fusion.ops.triton_kernels import producer_config
+    from latent_moe_fusion.ops.common import symm_exchange
+    from latent_moe_fusion.ops.routed import producer_config
+    from latent_moe_fusion.ops.routed.router_fused import down_projection
 
     assert envs.VARIABLES[symm_exchange.ENV].default == "auto"
     assert envs.VARIABLES[symm_exchange.METHOD_ENV].default == symm_exchange.DEFAULT_METHOD
@@ -210,7 +211,7 @@ def test_down_projection_takes_numerics_choices_and_points_labels_at_the_overrid
 
 
 @pytest.mark.parametrize("name, read", [
-    ("LMF_CHECK_IDS", "latent_moe_fusion.ops.validation:device_id_check_enabled"),
+    ("LMF_CHECK_IDS", "latent_moe_fusion.ops.routed.expert_ids_check:device_id_check_enabled"),
     ("LMF_DEEPGEMM_FP8_ACTIVATIONS", None),
 ])
 def test_on_off_switches_refuse_other_words(monkeypatch, name, read):

@@ -10,7 +10,7 @@ Runs tests/gluon_compile_sm90.py in a fresh interpreter without TRITON_INTERPRET
 import json
 from pathlib import Path
 
-from latent_moe_fusion.ops.gluon_kernels import L1_MAX_REGISTERS, L2_MAX_REGISTERS, WEIGHT_RINGS
+from latent_moe_fusion.ops.routed.gluon import L1_MAX_REGISTERS, L2_MAX_REGISTERS, WEIGHT_RINGS
 from tests.compiled_python import run_compiled
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The wgmma kernels' MXFP4 dequantiser (gluon_kernels/lut_dequant.py) on the H200 itself: every code at every
+"""The wgmma kernels' MXFP4 dequantiser (ops/routed/gluon/lut_dequant.py) on the H200 itself: every code at every
 position of a word, under every E8M0 byte, against the exact value (the CPU test runs the same PTX through an
 emulator; this one checks the hardware's bf16x2 multiply on subnormal operands). pytest -m gpu; sm_90 only."""
 
@@ -19,7 +19,7 @@ def _kernel():
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
-    from latent_moe_fusion.ops.gluon_kernels.lut_dequant import codes_to_bf16, scale_factors
+    from latent_moe_fusion.ops.routed.gluon.lut_dequant import codes_to_bf16, scale_factors
 
     @gluon.jit
     def dequant_words(words_ptr, scales_ptr, out_ptr, n, BLOCK: gl.constexpr):
@@ -36,8 +36,8 @@ def _kernel():
 
 
 def test_every_code_position_and_scale_byte_on_the_gpu(rng_seed):
-    from latent_moe_fusion.ops.gluon_kernels.lut_dequant import SCALE_BYTES_EXACT, WINDOW
-    from latent_moe_fusion.ops.mxfp4 import e2m1_lut
+    from latent_moe_fusion.ops.common.mxfp4 import e2m1_lut
+    from latent_moe_fusion.ops.routed.gluon.lut_dequant import SCALE_BYTES_EXACT, WINDOW
 
     gen = torch.Generator().manual_seed(rng_seed)
     structured = [c * 0x11111111 for c in range(16)] + [

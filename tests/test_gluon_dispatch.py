@@ -4,8 +4,8 @@ gives (checked without a GPU) and the switch that turns the path off."""
 import pytest
 import torch
 
-from latent_moe_fusion.ops.gluon_kernels import REGS_OVERRIDE, regs_path_reason
-from latent_moe_fusion.ops.mxfp4 import quantize_mxfp4
+from latent_moe_fusion.ops.common.mxfp4 import quantize_mxfp4
+from latent_moe_fusion.ops.routed.gluon import REGS_OVERRIDE, regs_path_reason
 
 
 def _weights(e=2, latent=256, inter=128):
@@ -28,7 +28,7 @@ def test_reasons_without_a_gpu(monkeypatch, tuned):
 
 
 def test_shared_strategy_by_tokens_and_override(tuned):
-    from latent_moe_fusion.ops.triton_kernels import expert_schedule as es
+    from latent_moe_fusion.ops.routed import expert_schedule as es
 
     assert es.shared_strategy(1) == es.shared_strategy(es.SHARED_SIDE_MAX_TOKENS) == "side"
     assert es.shared_strategy(es.SHARED_SIDE_MAX_TOKENS + 1) == "cublas_side"
@@ -43,7 +43,7 @@ def test_shared_strategy_by_tokens_and_override(tuned):
 
 
 def test_k_slices_must_be_whole_steps():
-    from latent_moe_fusion.ops.gluon_kernels import STEP_K, split_reason
+    from latent_moe_fusion.ops.routed.gluon import STEP_K, split_reason
 
     assert split_reason((2, 2), 3584, 3072) is None
     assert split_reason((7, 3), 3584, 3072) is None  # 28 and 24 steps of 128
@@ -52,7 +52,7 @@ def test_k_slices_must_be_whole_steps():
 
 
 def test_merged_gate_up_views_are_found_adjacent():
-    from latent_moe_fusion.ops.triton_kernels.shared_by_library import merged_rows
+    from latent_moe_fusion.ops.routed.shared_by_library import merged_rows
 
     w13 = torch.randn(2 * 48, 64, dtype=torch.bfloat16)
     g, u = w13[:48], w13[48:]
@@ -66,8 +66,8 @@ def test_merged_gate_up_views_are_found_adjacent():
 
 @pytest.mark.parametrize("merged", [True, False])
 def test_shared_expert_by_library_with_merged_or_separate_gate_up(merged):
-    from latent_moe_fusion.ops.math import shared_expert_math
-    from latent_moe_fusion.ops.triton_kernels.shared_by_library import shared_by_library
+    from latent_moe_fusion.ops.common.reference_math import shared_expert_math
+    from latent_moe_fusion.ops.routed.shared_by_library import shared_by_library
     from tests.expert_problems import BETA, LIN_BETA, make_problem, rel_l2, tolerance
 
     p = make_problem(6, latent=64, inter=64, num_experts=2, top_k=2, hidden=256, inter_s=96)
@@ -84,7 +84,7 @@ def test_shared_expert_by_library_with_merged_or_separate_gate_up(merged):
 def test_weight_rings_by_pairs_and_by_override(tuned):
     """The measured ring choice (L2 leaves the TMA ring past L2_TMA_MAX_PAIRS), the override in one or two
     names, and the loads where a ring cannot run: K ranges short of whole rounds, K slices."""
-    from latent_moe_fusion.ops.gluon_kernels import L2_TMA_MAX_PAIRS, ring_for, weight_rings
+    from latent_moe_fusion.ops.routed.gluon import L2_TMA_MAX_PAIRS, ring_for, weight_rings
 
     assert weight_rings(128) == ("tma", "tma")
     assert weight_rings(L2_TMA_MAX_PAIRS + 1) == ("tma", "cp4")
@@ -101,7 +101,7 @@ def test_weight_rings_by_pairs_and_by_override(tuned):
 
 @pytest.mark.parametrize("value", ["tma,cp4,loads", "fast", "tma,", "4"])
 def test_a_bad_ring_override_says_what_it_takes(value, tuned):
-    from latent_moe_fusion.ops.gluon_kernels import RING_OVERRIDE, ring_for
+    from latent_moe_fusion.ops.routed.gluon import RING_OVERRIDE, ring_for
 
     with pytest.raises(ValueError, match=f"{RING_OVERRIDE}=.*expected one of loads, cp2, cp4, tma"):
         tuned(mxfp4_ring=value)
@@ -111,14 +111,14 @@ def test_a_bad_ring_override_says_what_it_takes(value, tuned):
 
 @pytest.mark.parametrize("value", ["soon", "Late", "early,late"])
 def test_a_bad_load_order_says_what_it_takes(value, tuned):
-    from latent_moe_fusion.ops.gluon_kernels import LOAD_ORDER_OVERRIDE
+    from latent_moe_fusion.ops.routed.gluon import LOAD_ORDER_OVERRIDE
 
     with pytest.raises(ValueError, match=f"{LOAD_ORDER_OVERRIDE}=.*expected one of auto, early, late"):
         tuned(mxfp4_load_order=value)
 
 
 def test_the_load_order_defaults_to_auto(tuned):
-    from latent_moe_fusion.ops.gluon_kernels import load_order
+    from latent_moe_fusion.ops.routed.gluon import load_order
 
     assert load_order() == "auto"
     tuned(mxfp4_load_order="late")
@@ -128,8 +128,8 @@ def test_the_load_order_defaults_to_auto(tuned):
 def test_the_kernel_modules_leave_the_package_functions_alone():
     """Importing the kernels (what a launch does) must not shadow a package function with a submodule of
     the same name (a GPU-only failure otherwise: the launchers import them lazily)."""
-    import latent_moe_fusion.ops.gluon_kernels as gk
-    from latent_moe_fusion.ops.gluon_kernels import ring_loops, routed_gemm, routed_gemv  # noqa: F401
+    import latent_moe_fusion.ops.routed.gluon as gk
+    from latent_moe_fusion.ops.routed.gluon import gluon_routed_gemv, ring_loops, routed_gemm  # noqa: F401
 
     for name in ("weight_rings", "ring_for", "default_rings", "max_registers", "regs_path_reason", "split_reason", "load_order",
                  "launch_routed_l1", "launch_routed_l2"):
@@ -138,14 +138,14 @@ def test_the_kernel_modules_leave_the_package_functions_alone():
 
 @pytest.mark.parametrize("value", ["12", "12,auto", "300,80", "auto,many", "128,80,64", "128,"])
 def test_a_bad_register_cap_says_what_it_takes(value, tuned):
-    from latent_moe_fusion.ops.gluon_kernels import MAXNREG_OVERRIDE
+    from latent_moe_fusion.ops.routed.gluon import MAXNREG_OVERRIDE
 
     with pytest.raises(ValueError, match=f"{MAXNREG_OVERRIDE}=.*expected L1,L2"):
         tuned(mxfp4_maxnreg=value)
 
 
 def test_the_register_caps_follow_the_override(tuned):
-    from latent_moe_fusion.ops.gluon_kernels import L1_MAX_REGISTERS, L2_MAX_REGISTERS, max_registers
+    from latent_moe_fusion.ops.routed.gluon import L1_MAX_REGISTERS, L2_MAX_REGISTERS, max_registers
 
     assert (max_registers("l1", "tma"), max_registers("l1", "cp"), max_registers("l2", "tma")) == (
         None, L1_MAX_REGISTERS, L2_MAX_REGISTERS)
@@ -162,7 +162,7 @@ def test_the_register_caps_follow_the_override(tuned):
 
 def test_128_row_blocks_refuse_k_slices_and_dependent_launches():
     """The staged kernels run whole K as ordinary launches: the launchers say so before anything launches."""
-    from latent_moe_fusion.ops.gluon_kernels import STAGED_BLOCK_ROWS, launch_routed_l1, launch_routed_l2
+    from latent_moe_fusion.ops.routed.gluon import STAGED_BLOCK_ROWS, launch_routed_l1, launch_routed_l2
 
     w13, s13, w2, s2 = _weights()
     z = torch.randn(3, 256, dtype=torch.bfloat16)

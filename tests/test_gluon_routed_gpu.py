@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops.gluon_kernels import regs_path_reason
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import SharedExpert, run_experts, shared_strategy
-from latent_moe_fusion.ops.triton_kernels.producer_config import decode_block_m
+from latent_moe_fusion.ops.routed.expert_schedule import SharedExpert, run_experts, shared_strategy
+from latent_moe_fusion.ops.routed.gluon import regs_path_reason
+from latent_moe_fusion.ops.routed.producer_config import decode_block_m
 from tests.expert_problems import BETA, EPS, LIN_BETA, make_problem, rel_l2, tolerance
 from tests.float64_reference import routed64
 from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL
@@ -52,7 +52,7 @@ def test_shared_expert_on_the_side_stream(m, tuned, rng_seed):
     here): fragments as the unfused block rounds them, bitwise equal to the one-grid path where both use
     the same shared tiles (M = 8; at M = 1 the one-grid config splits K, which changes the FP32
     summation order), and the RMS-normalised routed output within bf16 tolerance of it."""
-    from latent_moe_fusion.ops.math import shared_expert_math
+    from latent_moe_fusion.ops.common.reference_math import shared_expert_math
 
     tuned(regs_shared="side")
     p = make_problem(m, weight_format="mxfp4", device="cuda", **KIMI_RANK)
@@ -69,7 +69,7 @@ def test_shared_expert_by_cublas_past_the_side_stream_tokens(m, tuned, rng_seed)
     """From 5 shared tokens on, the shared expert runs as cuBLAS GEMMs (on the side stream up to 16
     tokens, in line beyond): fragments within bf16 tolerance of the Triton grid's, and the routed output
     unchanged."""
-    from latent_moe_fusion.ops.math import shared_expert_math
+    from latent_moe_fusion.ops.common.reference_math import shared_expert_math
 
     tuned(regs_shared=None)
     assert shared_strategy(m) == ("cublas_side" if m <= 16 else "cublas")
@@ -123,7 +123,7 @@ def test_k_slices_match_float64_and_whole_k(sizes, m, split, tuned, rng_seed):
     reference and of the unsplit kernels, every element written, bitwise the same run to run."""
     from dataclasses import replace
 
-    from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config
+    from latent_moe_fusion.ops.routed.producer_config import pick_config
 
     tuned(mxfp4_regs=True)
     p = make_problem(m, weight_format="mxfp4", routing="few_experts", device="cuda", **sizes)
@@ -154,7 +154,7 @@ def test_k_slices_match_float64_and_whole_k(sizes, m, split, tuned, rng_seed):
 def test_a_given_split_that_does_not_cut_k_says_why(tuned, rng_seed):
     from dataclasses import replace
 
-    from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config
+    from latent_moe_fusion.ops.routed.producer_config import pick_config
 
     tuned(mxfp4_regs=True)
     p = make_problem(1, weight_format="mxfp4", device="cuda", **KIMI_RANK)
@@ -168,8 +168,8 @@ def test_a_given_split_that_does_not_cut_k_says_why(tuned, rng_seed):
 def test_a_picked_split_that_does_not_cut_k_runs_whole_k(monkeypatch, tuned, rng_seed):
     """L = 384 is 3 steps of 128: the picked single-token split (4 L1 slices) cannot cut it, so the
     Gluon kernels run whole K instead of the call falling back to the Triton kernels."""
-    from latent_moe_fusion.ops.gluon_kernels import routed_gemm
-    from latent_moe_fusion.ops.triton_kernels.producer_config import REGS_DECODE_SPLIT
+    from latent_moe_fusion.ops.routed.gluon import routed_gemm
+    from latent_moe_fusion.ops.routed.producer_config import REGS_DECODE_SPLIT
 
     assert 384 % (REGS_DECODE_SPLIT[0] * 128)
     splits = []
@@ -213,7 +213,7 @@ def test_weight_rings_match_the_loads_bitwise(sizes, m, split, ring, tuned, rng_
     K ranges that are no whole number of rounds of the ring (K slices of 7 and 14 steps) take the loads."""
     from dataclasses import replace
 
-    from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config
+    from latent_moe_fusion.ops.routed.producer_config import pick_config
 
     tuned(mxfp4_regs=True)
     p = make_problem(m, weight_format="mxfp4", routing="random", device="cuda", **sizes)
@@ -238,7 +238,7 @@ def test_tma_load_orders_give_the_same_bits(sizes, m, tuned, rng_seed):
     its barrier (the mxfp4_load_order override) moves loads, not arithmetic: the same bits, every element written."""
     from dataclasses import replace
 
-    from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config
+    from latent_moe_fusion.ops.routed.producer_config import pick_config
 
     tuned(mxfp4_regs=True, mxfp4_ring="tma")
     p = make_problem(m, weight_format="mxfp4", routing="random", device="cuda", **sizes)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops.triton_kernels.moe_align import max_blocks
-from latent_moe_fusion.ops.triton_kernels.moe_align_choice import group_by_expert_choice, small_blocks_bound
+from latent_moe_fusion.ops.routed.triton.moe_align import max_blocks
+from latent_moe_fusion.ops.routed.triton.moe_align_choice import group_by_expert_choice, small_blocks_bound
 from tests.grouping_checks import assert_unused_grouping, assert_valid_grouping
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from latent_moe_fusion.ops.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from latent_moe_fusion.ops.common.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from tests.float64_reference import E2M1_MAGNITUDES, decode_mxfp4
 
 

@@ -9,9 +9,9 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import latent_moe_fusion as lmf
 from latent_moe_fusion.fusion_pass import ChainedGraphPass, FusionConfig, latent_pass
-from latent_moe_fusion.ops import backends
-from latent_moe_fusion.ops.backends import Backend, register_backend
-from latent_moe_fusion.ops.reference import producer_reference
+from latent_moe_fusion.ops.common import backends
+from latent_moe_fusion.ops.common.backends import Backend, register_backend
+from latent_moe_fusion.ops.routed.expert_reference import producer_reference
 from tests.fusion_models import CFG, Stop, block, post_grad
 
 BF16 = torch.bfloat16

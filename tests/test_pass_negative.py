@@ -7,9 +7,10 @@ import torch
 
 import latent_moe_fusion as lmf
 from latent_moe_fusion.fusion_pass import ChainedGraphPass, FusionConfig
-from latent_moe_fusion.ops import backends
-from latent_moe_fusion.ops.backends import Backend, register_backend
-from latent_moe_fusion.ops.reference import producer_reference, tail_reference
+from latent_moe_fusion.ops.common import backends
+from latent_moe_fusion.ops.common.backends import Backend, register_backend
+from latent_moe_fusion.ops.routed.expert_reference import producer_reference
+from latent_moe_fusion.ops.tail.tail_reference import tail_reference
 from tests.fusion_models import (
     CFG,
     PRODUCER,

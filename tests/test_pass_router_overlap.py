@@ -149,8 +149,8 @@ def test_switch_is_part_of_the_cache_key():
 
 
 def test_static_prefill_sizes_stay_in_a_row():
-    from latent_moe_fusion.ops.route_and_produce import SHARED_FIRST_MAX_TOKENS
-    from latent_moe_fusion.ops.route_and_project import OVERLAP_MAX_TOKENS
+    from latent_moe_fusion.ops.routed.router_fused.route_and_produce import SHARED_FIRST_MAX_TOKENS
+    from latent_moe_fusion.ops.routed.router_fused.route_and_project import OVERLAP_MAX_TOKENS
 
     not_first = FusionConfig(shared_first=False)
     for m, config, limit in ((OVERLAP_MAX_TOKENS + 1, not_first, OVERLAP_MAX_TOKENS),

@@ -1,4 +1,4 @@
-"""ops/pdl.py: which launches go out as programmatic dependents (the pdl_sites tuning override), and never on the
+"""ops/common/pdl.py: which launches go out as programmatic dependents (the pdl_sites tuning override), and never on the
 CPU."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops import pdl
+from latent_moe_fusion.ops.common import pdl
 
 
 @pytest.mark.parametrize("value, sites", [
@@ -33,7 +33,7 @@ def test_never_on_the_cpu_or_under_the_interpreter(monkeypatch, tuned):
 
 
 def test_tail_prefetch_depth_and_where_it_cannot_apply(tuned):
-    from latent_moe_fusion.ops.triton_kernels import tail
+    from latent_moe_fusion.ops.common.tail_gemm import tail_launch as tail
 
     w = torch.randn(64, 256, dtype=torch.bfloat16)
     assert tail._prefetch_steps(w, 256, 128) == tail.TAIL_PREFETCH_STEPS

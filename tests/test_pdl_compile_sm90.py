@@ -1,4 +1,4 @@
-"""The PDL variants (ops/pdl.py) compile for sm_90 on this CPU machine, and in their PTX nothing that a
+"""The PDL variants (ops/common/pdl.py) compile for sm_90 on this CPU machine, and in their PTX nothing that a
 predecessor writes is read, and nothing is written, before griddepcontrol.wait: only the weight
 prefetch (and, in L2, the grouping's block table, written before L1 started) comes first; producers
 signal before their first load. Runs tests/pdl_compile_sm90.py without TRITON_INTERPRET."""

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch on the GPU (ops/pdl.py): a forward with every PDL site on is bitwise the
+"""Programmatic dependent launch on the GPU (ops/common/pdl.py): a forward with every PDL site on is bitwise the
 forward with none, replay after replay with fresh inputs (a dependent that read its predecessor's output
 before it was written would differ), in CUDA graphs and eagerly.
 

@@ -10,7 +10,7 @@ SCRIPT = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from latent_moe_fusion.ops.triton_kernels.peer_exchange import MAX_PROGRAMS, Chunks, peer_exchange_kernel
+from latent_moe_fusion.ops.common.peer_exchange import MAX_PROGRAMS, Chunks, peer_exchange_kernel
 chunks = Chunks.of({rows}, {cols})
 sig = {{"src_ptr": "*bf16", "src_part_stride": "i64", "src_row_stride": "i64", "out_ptr": "*bf16",
         "out_slot_stride": "i64", "out_row_stride": "i64", "ws_table": "*i64", "flag_table": "*i64",

@@ -1,4 +1,4 @@
-"""The one-launch exchange kernel (triton_kernels/peer_exchange.py) compiled for a real GPU, on one GPU.
+"""The one-launch exchange kernel (ops/common/peer_exchange.py) compiled for a real GPU, on one GPU.
 
 R ranks are R SymmetricExchange objects in this process over R plain device buffers (every "peer" mapping is the
 buffer itself), each rank's kernel on its own stream, all launched before any is waited for: they run at the same
@@ -9,7 +9,7 @@ bitwise against docs/design.md's layouts, over exchanges of changing shapes and 
 import pytest
 import torch
 
-from latent_moe_fusion.ops.symm_exchange import SymmetricExchange, flag_bytes, region_sizes
+from latent_moe_fusion.ops.common.symm_exchange import SymmetricExchange, flag_bytes, region_sizes
 from tests.exchange_helpers import BufferHandle, dense_fragments
 
 pytestmark = pytest.mark.gpu

@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import planned_grouping, run_experts
-from latent_moe_fusion.ops.triton_kernels.moe_align_choice import GroupingChoice
-from latent_moe_fusion.ops.triton_kernels.producer_config import (
+from latent_moe_fusion.ops.routed.expert_schedule import planned_grouping, run_experts
+from latent_moe_fusion.ops.routed.producer_config import (
     PREFILL_CHOICE_MAX_ROWS,
     PREFILL_CHOICE_SETTING,
     PREFILL_REGS_BLOCK_M,
     PREFILL_REGS_MAX_ROWS,
 )
+from latent_moe_fusion.ops.routed.triton.moe_align_choice import GroupingChoice
 from tests.expert_problems import make_problem, rel_l2, tolerance
 from tests.float64_reference import routed64
 from tests.regs_gpu import SM90_ONLY, SMALL, capture_routed, replay_on

@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from latent_moe_fusion.ops.math import expert_weight, situ
-from latent_moe_fusion.ops.triton_kernels import expert_schedule
-from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config
+from latent_moe_fusion.ops.common.reference_math import expert_weight, situ
+from latent_moe_fusion.ops.routed import expert_schedule
+from latent_moe_fusion.ops.routed.producer_config import pick_config
 from tests.expert_problems import make_problem, rel_l2, tolerance
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the real kernels run in test_prefill_choice_gpu.py")

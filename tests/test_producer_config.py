@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops.triton_kernels import expert_schedule, producer_config
-from latent_moe_fusion.ops.triton_kernels.weight_tiles import DEQUANT_LUT
+from latent_moe_fusion.ops.routed import expert_schedule, producer_config
+from latent_moe_fusion.ops.routed.triton.weight_tiles import DEQUANT_LUT
 
 LOCAL_EXPERTS = 112
 

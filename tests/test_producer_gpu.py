@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops.backends import select_backend
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import SharedExpert, run_experts
-from latent_moe_fusion.ops.triton_kernels.producer_config import (
+from latent_moe_fusion.ops.common.backends import select_backend
+from latent_moe_fusion.ops.routed.expert_schedule import SharedExpert, run_experts
+from latent_moe_fusion.ops.routed.producer_config import (
     GemmTiles,
     ProducerConfig,
     pick_config,
 )
-from latent_moe_fusion.ops.triton_kernels.weight_tiles import (
+from latent_moe_fusion.ops.routed.triton.weight_tiles import (
     DEQUANT_ASM,
     DEQUANT_ASM_PAIRS,
     DEQUANT_DOT_SCALED,
@@ -173,16 +173,15 @@ def test_id_check_stalls_nothing_before_the_launches_and_lmf_check_ids_0_skips_i
     """Outside CUDA graphs the id range check of the Triton backends copies the largest id to pinned memory
     and waits for it only after the op's last launch: no stream sync before the kernels, and the result
     unchanged. LMF_CHECK_IDS=0 skips the check altogether."""
-    from latent_moe_fusion.ops import validation
-    from latent_moe_fusion.ops.triton_kernels import expert_schedule
+    from latent_moe_fusion.ops.routed import expert_ids_check, expert_schedule
 
     p = make_problem(5, device="cuda", **MID)
     torch.ops.lmf.routed_experts(*p.routed_args())  # compile outside the checks below
     torch.cuda.synchronize()
     events = []
-    combine, finish = expert_schedule.launch_combine, validation.DeferredIdCheck.finish
+    combine, finish = expert_schedule.launch_combine, expert_ids_check.DeferredIdCheck.finish
     monkeypatch.setattr(expert_schedule, "launch_combine", lambda *a, **k: (events.append("combine"), combine(*a, **k)))
-    monkeypatch.setattr(validation.DeferredIdCheck, "finish", lambda self: (events.append("finish"), finish(self)))
+    monkeypatch.setattr(expert_ids_check.DeferredIdCheck, "finish", lambda self: (events.append("finish"), finish(self)))
     torch.cuda.set_sync_debug_mode("error")
     try:
         y = torch.ops.lmf.routed_experts(*p.routed_args())
@@ -216,7 +215,7 @@ def test_out_of_range_ids_on_cuda_raise_after_the_deferred_check(op, rng_seed):
 def test_in_line_shared_gemms_first_or_after_l1_give_the_same_bits(routing, tuned, rng_seed):
     """At prefill sizes the producer launches its library shared GEMMs before the routed grouping (the default) or
     after the routed L1: the same kernels on one stream, so the same bits; both within tolerance of the reference."""
-    from latent_moe_fusion.ops.triton_kernels.expert_schedule import in_line_library_first
+    from latent_moe_fusion.ops.routed.expert_schedule import in_line_library_first
 
     p = make_problem(300, weight_format="mxfp4", routing=routing, device="cuda", **KIMI_RANK)
     outs = {}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops.backends import backends_for
-from latent_moe_fusion.ops.triton_kernels import producer as producer_backend
-from latent_moe_fusion.ops.triton_kernels import routed as routed_backend
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import SharedExpert, run_experts
-from latent_moe_fusion.ops.triton_kernels.producer_config import GemmTiles, ProducerConfig, pick_config
+from latent_moe_fusion.ops.common.backends import backends_for
+from latent_moe_fusion.ops.routed import expert_triton_backend as routed_backend
+from latent_moe_fusion.ops.routed import producer_triton_backend as producer_backend
+from latent_moe_fusion.ops.routed.expert_schedule import SharedExpert, run_experts
+from latent_moe_fusion.ops.routed.producer_config import GemmTiles, ProducerConfig, pick_config
 from tests.expert_problems import make_problem, rel_l2, tolerance
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -80,14 +80,14 @@ def test_supports_names_the_problem():
 
 @pytest.mark.parametrize("value", ["16", "16x", "axb", "24x128", "8x128"])
 def test_shared_tile_override_rejects_bad_values(tuned, value):
-    from latent_moe_fusion.ops.triton_kernels.producer_config import SHARED_TILES_OVERRIDE
+    from latent_moe_fusion.ops.routed.producer_config import SHARED_TILES_OVERRIDE
 
     with pytest.raises(ValueError, match=SHARED_TILES_OVERRIDE):
         tuned(producer_decode_shared_tiles=value)
 
 
 def test_shared_tile_override_is_read(tuned):
-    from latent_moe_fusion.ops.triton_kernels.producer_config import decode_shared_tiles
+    from latent_moe_fusion.ops.routed.producer_config import decode_shared_tiles
 
     tuned(producer_decode_shared_tiles="16x128")
     assert decode_shared_tiles() == (16, 128)
@@ -157,7 +157,7 @@ def test_shared_expert_by_library_between_the_routed_grids(weight_format, monkey
     """grid_shared="cublas": the routed grids run alone and the shared expert as library GEMMs, launched
     after the routed L1 (so that their host time overlaps L1 outside CUDA graphs); the fragments and the
     normalised routed output match the reference and the one-grid path."""
-    from latent_moe_fusion.ops.triton_kernels import expert_schedule as es
+    from latent_moe_fusion.ops.routed import expert_schedule as es
 
     p = make_problem(9, weight_format=weight_format, routing="few_experts", device=DEVICE, **SIZES)
     launches = []
@@ -204,7 +204,7 @@ def test_shared_expert_by_library_between_the_routed_grids(weight_format, monkey
 
 
 def test_grid_shared_override_rejects_unknown_values(tuned):
-    from latent_moe_fusion.ops.triton_kernels.expert_schedule import GRID_SHARED_MAX_TOKENS, grid_shared_strategy
+    from latent_moe_fusion.ops.routed.expert_schedule import GRID_SHARED_MAX_TOKENS, grid_shared_strategy
 
     assert grid_shared_strategy(1) == grid_shared_strategy(GRID_SHARED_MAX_TOKENS) == "grid"
     assert grid_shared_strategy(GRID_SHARED_MAX_TOKENS + 1) == "cublas"

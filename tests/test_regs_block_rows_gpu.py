@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops.gluon_kernels import WEIGHT_RINGS
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
-from latent_moe_fusion.ops.triton_kernels.producer_config import PREFILL_REGS_BLOCK_M, pick_config
+from latent_moe_fusion.ops.routed.expert_schedule import run_experts
+from latent_moe_fusion.ops.routed.gluon import WEIGHT_RINGS
+from latent_moe_fusion.ops.routed.producer_config import PREFILL_REGS_BLOCK_M, pick_config
 from tests.expert_problems import rel_l2, tolerance
 from tests.float64_reference import routed64
 from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL, assert_replays_fresh_routings, mxfp4_problem

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from latent_moe_fusion import KimiK3MoEBlock
-from latent_moe_fusion.ops.route_and_produce import (
+from latent_moe_fusion.ops.routed.router_fused.route_and_produce import (
     ROUTER_FIRST_MAX_TOKENS,
     SHARED_FIRST_MAX_TOKENS,
     SHARED_FIRST_MIN_TOKENS,

@@ -10,7 +10,10 @@ import torch
 import latent_moe_fusion as lmf
 from latent_moe_fusion import tuning
 from latent_moe_fusion.fusion_pass import FusionConfig
-from latent_moe_fusion.ops.route_and_produce import SHARED_FIRST_URGENT_CHOICES, shared_first_wanted
+from latent_moe_fusion.ops.routed.router_fused.route_and_produce import (
+    SHARED_FIRST_URGENT_CHOICES,
+    shared_first_wanted,
+)
 from tests.graph_replay import replay_without_host_sync
 from tests.op_inputs import shared_gate_up
 

@@ -20,7 +20,7 @@ def _nccl_worker(rank: int, world: int, seed: int) -> dict:
     import torch.distributed as dist
 
     from latent_moe_fusion import tuning
-    from latent_moe_fusion.ops.triton_kernels import expert_schedule
+    from latent_moe_fusion.ops.routed import expert_schedule
 
     dev = torch.device("cuda", rank)
     model = kimi_tp_and_sp_on_gpus(dist.group.WORLD, dev)

@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from latent_moe_fusion.model.router import route_from_logits, router_logits
-from latent_moe_fusion.ops.route_and_project import (
+from latent_moe_fusion.ops.common.route_math import localize, route_reference
+from latent_moe_fusion.ops.routed.router_fused.route_and_project import (
     OVERLAP_MAX_TOKENS,
     overlap_order,
     overlap_wanted,
 )
-from latent_moe_fusion.ops.routing import localize, route_reference
 from tests.bad_arguments import assert_refused
 
 OP = torch.ops.lmf.route_and_project

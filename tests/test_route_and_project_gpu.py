@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import latent_moe_fusion as lmf
 from latent_moe_fusion.fusion_pass import FusionConfig
 from latent_moe_fusion.model.router import router_logits
-from latent_moe_fusion.ops.down_projection import DOWN_PROJECTION_ENV, project_down
+from latent_moe_fusion.ops.routed.router_fused.down_projection import DOWN_PROJECTION_ENV, project_down
 from tests.graph_replay import replay_without_host_sync
 
 pytestmark = pytest.mark.gpu

@@ -10,7 +10,7 @@ SCRIPT = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from latent_moe_fusion.ops.triton_kernels.route_topk import noaux_tc_route_kernel, route_launch_shape
+from latent_moe_fusion.ops.router.triton.route_topk import noaux_tc_route_kernel, route_launch_shape
 block_e, rows, warps = route_launch_shape({m}, 896)
 sig = {{"logits_ptr": "*fp32", "bias_ptr": "*fp32", "ids_ptr": "*i32", "weights_ptr": "*fp32", "m_rows": "i32",
         "num_experts": "i32", "logits_row_stride": "i32", "first_expert": "i32", "num_local": "i32",

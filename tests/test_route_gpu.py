@@ -6,8 +6,8 @@ import torch
 
 import latent_moe_fusion as lmf
 from latent_moe_fusion.model.router import localize_ids, route_from_logits
-from latent_moe_fusion.ops.routing import route_reference, topk_ids_cuda_order
-from latent_moe_fusion.ops.triton_kernels.route_topk import noaux_tc_route_triton
+from latent_moe_fusion.ops.common.route_math import route_reference, topk_ids_cuda_order
+from latent_moe_fusion.ops.router.triton.route_topk import noaux_tc_route_triton
 
 pytestmark = pytest.mark.gpu
 E, K = 896, 16

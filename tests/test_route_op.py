@@ -7,15 +7,15 @@ import os
 import pytest
 import torch
 
-from latent_moe_fusion.ops.routing import ordered_keys, route_reference, topk_ids_cuda_order
-from latent_moe_fusion.ops.triton_kernels.route_topk import noaux_tc_route_triton, route_launch_shape
+from latent_moe_fusion.ops.common.route_math import ordered_keys, route_reference, topk_ids_cuda_order
+from latent_moe_fusion.ops.router.triton.route_topk import noaux_tc_route_triton, route_launch_shape
 from tests.bad_arguments import assert_refused
 
 ROUTE = torch.ops.lmf.noaux_tc_route
 
 
 def brute_force(logits, bias, top_k, eps, scale, first, num_local):
-    """Row by row in Python: the selection and order ops/routing.py defines, weights in float64."""
+    """Row by row in Python: the selection and order ops/router/noaux_tc_route.py defines, weights in float64."""
     scores = torch.sigmoid(logits)
     biased = scores + bias
     keys = ordered_keys(biased)

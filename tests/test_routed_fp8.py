@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from latent_moe_fusion.ops.fp8_split import E4M3_MAX, MAX_SHIFT, split_e4m3, to_kappa_order
-from latent_moe_fusion.ops.gluon_kernels.fp8_mainloop import FP4_TO_E4M3_ASM
-from latent_moe_fusion.ops.mxfp4 import e2m1_lut
-from latent_moe_fusion.ops.triton_kernels import producer_config as pc
+from latent_moe_fusion.ops.common.mxfp4 import e2m1_lut
+from latent_moe_fusion.ops.routed import producer_config as pc
+from latent_moe_fusion.ops.routed.fp8_split import E4M3_MAX, MAX_SHIFT, split_e4m3, to_kappa_order
+from latent_moe_fusion.ops.routed.gluon.fp8_mainloop import FP4_TO_E4M3_ASM
 from tests.compiled_python import run_compiled
 from tests.ptx_emulator import run_ptx
 
@@ -124,7 +124,7 @@ def test_a_default_fp8_pick_falls_back_to_the_bf16_kernels_where_they_cannot_run
     """Unset, the FP8 L1 is a default: a call its kernels cannot take (here: CPU tensors, no sm_90) gets the bf16
     kernels' config and grouping (16 rows at 8 tokens of the Kimi K3 rank); set, the config stays and run_experts
     says why it cannot run; a given config is never changed."""
-    from latent_moe_fusion.ops.triton_kernels.expert_schedule import fp8_fallback
+    from latent_moe_fusion.ops.routed.expert_schedule import fp8_fallback
 
     if flag is None:
         monkeypatch.delenv(pc.ROUTED_FP8_ENV, raising=False)
@@ -169,8 +169,8 @@ def test_fp8_kernels_compile_for_sm90_within_4_ctas_per_sm(tmp_path):
 def test_the_launchers_reject_what_the_kernels_cannot_take():
     """Checked before any launch (CPU tensors suffice): the split kernel's input and live rows, the FP8 kernels'
     block rows, K and MMA schedule (an unknown one would otherwise run the "block" schedule)."""
-    from latent_moe_fusion.ops.gluon_kernels import launch_routed_l1_fp8, launch_routed_l2_fp8
-    from latent_moe_fusion.ops.triton_kernels.fp8_split import launch_split_e4m3
+    from latent_moe_fusion.ops.routed.gluon import launch_routed_l1_fp8, launch_routed_l2_fp8
+    from latent_moe_fusion.ops.routed.triton.fp8_split_kernel import launch_split_e4m3
 
     with pytest.raises(ValueError, match="bfloat16"):
         launch_split_e4m3(torch.zeros(2, 64))
@@ -197,8 +197,8 @@ def test_an_fp8_layer_asked_for_whose_k_it_cannot_take_says_so(latent, inter, fl
     """The FP8 kernels take K in whole rounds of their rings (FP8_K_MULTIPLE). Unset, the default FP8 L1 quietly
     leaves other K to the bf16 kernels; set, the picked config raises and names the layer and K instead of
     running the bf16 kernels behind the flag's back."""
-    from latent_moe_fusion.ops.gluon_kernels import FP8_K_MULTIPLE
-    from latent_moe_fusion.ops.triton_kernels.expert_schedule import resolve_config
+    from latent_moe_fusion.ops.routed.expert_schedule import resolve_config
+    from latent_moe_fusion.ops.routed.gluon import FP8_K_MULTIPLE
 
     monkeypatch.setattr(pc, "_is_hopper", lambda: True)
     monkeypatch.setattr(pc, "_has_sm90", lambda: True)

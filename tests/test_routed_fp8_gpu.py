@@ -1,4 +1,4 @@
-"""The FP8 routed kernels (LMF_ROUTED_FP8 unset or 1: the L1 with the bf16 L2, the default; l1,l2: both; gluon_kernels/routed_fp8.py,
+"""The FP8 routed kernels (LMF_ROUTED_FP8 unset or 1: the L1 with the bf16 L2, the default; l1,l2: both; ops/routed/gluon/routed_fp8.py,
 8-row blocks) on the GPU: the routed op against float64 and against the bf16 kernels, every output written (NaN poison), bitwise
 repeatable, replayed in a CUDA graph on fresh routings; the split kernel bit for bit its torch form; and what the
 path refuses, with errors that say so (pytest -m gpu; sm_90 only)."""
@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops.fp8_split import split_e4m3
-from latent_moe_fusion.ops.gluon_kernels import FP8_K_MULTIPLE, launch_routed_l1_fp8
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import planned_grouping, resolve_config, run_experts
-from latent_moe_fusion.ops.triton_kernels.fp8_split import launch_split_e4m3
-from latent_moe_fusion.ops.triton_kernels.producer_config import FP8_BLOCK_M, ROUTED_FP8_ENV
+from latent_moe_fusion.ops.routed.expert_schedule import planned_grouping, resolve_config, run_experts
+from latent_moe_fusion.ops.routed.fp8_split import split_e4m3
+from latent_moe_fusion.ops.routed.gluon import FP8_K_MULTIPLE, launch_routed_l1_fp8
+from latent_moe_fusion.ops.routed.producer_config import FP8_BLOCK_M, ROUTED_FP8_ENV
+from latent_moe_fusion.ops.routed.triton.fp8_split_kernel import launch_split_e4m3
 from tests.expert_problems import rel_l2, tolerance
 from tests.float64_reference import routed64
 from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL, assert_replays_fresh_routings, mxfp4_problem

@@ -1,5 +1,5 @@
-"""Routed MXFP4 GEMV kernels (ops/triton_kernels/routed_gemv.py) at tiny sizes: TRITON_INTERPRET=1 on CPU
-(portable dequantisation), native on a GPU (table lookup). Against ops.math and a float64 reference,
+"""Routed MXFP4 GEMV kernels (ops/routed/routed_gemv.py) at tiny sizes: TRITON_INTERPRET=1 on CPU
+(portable dequantisation), native on a GPU (table lookup). Against ops.common.reference_math and a float64 reference,
 through run_experts (routed op and producer), with poisoned outputs."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from latent_moe_fusion.ops.triton_kernels import producer_config, routed_gemv
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import SharedExpert, run_experts
+from latent_moe_fusion.ops.routed import producer_config, routed_gemv
+from latent_moe_fusion.ops.routed.expert_schedule import SharedExpert, run_experts
 from tests.expert_problems import EPS, bf16_vs_float64_tolerance, make_problem, rel_l2, tolerance
 from tests.float64_reference import rms_norm64, routed64
 

@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from latent_moe_fusion.ops.triton_kernels import routed_gemv
-from latent_moe_fusion.ops.triton_kernels.combine import launch_combine
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import SharedExpert, run_experts
-from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config
+from latent_moe_fusion.ops.routed import routed_gemv
+from latent_moe_fusion.ops.routed.expert_schedule import SharedExpert, run_experts
+from latent_moe_fusion.ops.routed.producer_config import pick_config
+from latent_moe_fusion.ops.routed.triton.combine import launch_combine
 from tests.expert_problems import EPS, bf16_vs_float64_tolerance, make_problem, make_routing, rel_l2, tolerance
 from tests.float64_reference import rms_norm64, routed64
 

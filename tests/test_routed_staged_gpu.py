@@ -1,4 +1,4 @@
-"""The staged prefill kernels (128-row blocks, MXFP4 on sm_90: gluon_kernels/routed_staged.py; pytest -m gpu): against
+"""The staged prefill kernels (128-row blocks, MXFP4 on sm_90: ops/routed/gluon/routed_staged.py; pytest -m gpu): against
 the float64 reference and within FP32 rounding of the 64-row register-dequant blocks (the sums group k otherwise, so
 not bit for bit), bitwise repeatable, every output written over a NaN poison, blocks with up to 64 valid rows (the
 N = 64 MMA) and more, several blocks per expert, experts without rows, under CUDA-graph capture, and opcheck."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
+from latent_moe_fusion.ops.routed.expert_schedule import run_experts
 from tests.expert_problems import rel_l2, tolerance
 from tests.float64_reference import routed64
 from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL, assert_replays_fresh_routings, mxfp4_problem

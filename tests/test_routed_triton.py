@@ -7,10 +7,10 @@ import torch
 import triton
 import triton.language as tl
 
-from latent_moe_fusion.ops.mxfp4 import dequantize_mxfp4
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import run_experts
-from latent_moe_fusion.ops.triton_kernels.moe_align import ALIGN_CHUNK, align_chunk, group_by_expert, max_blocks
-from latent_moe_fusion.ops.triton_kernels.weight_tiles import e2m1_to_fp32, e8m0_to_fp32
+from latent_moe_fusion.ops.common.mxfp4 import dequantize_mxfp4
+from latent_moe_fusion.ops.routed.expert_schedule import run_experts
+from latent_moe_fusion.ops.routed.triton.moe_align import ALIGN_CHUNK, align_chunk, group_by_expert, max_blocks
+from latent_moe_fusion.ops.routed.triton.weight_tiles import e2m1_to_fp32, e8m0_to_fp32
 from tests.expert_problems import make_problem, make_routing, rel_l2, tolerance
 from tests.grouping_checks import assert_valid_grouping
 

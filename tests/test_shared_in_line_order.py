@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from latent_moe_fusion import tuning
-from latent_moe_fusion.ops.triton_kernels import expert_schedule
-from latent_moe_fusion.ops.triton_kernels.expert_schedule import (
+from latent_moe_fusion.ops.routed import expert_schedule
+from latent_moe_fusion.ops.routed.expert_schedule import (
     GRID_SHARED_MAX_TOKENS,
     SharedExpert,
     in_line_library_first,

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from latent_moe_fusion.ops.math import situ
-from latent_moe_fusion.ops.triton_kernels.situ_rows import situ_rows
+from latent_moe_fusion.ops.common.reference_math import situ
+from latent_moe_fusion.ops.routed.situ_rows import situ_rows
 
 BETA, LIN_BETA = 4.0, 25.0
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -55,7 +55,7 @@ def test_cpu_tensors_outside_the_interpreter_fall_back_to_torch(monkeypatch):
 
 
 def test_pair_of_separate_operands_and_of_two_halves():
-    from latent_moe_fusion.ops.triton_kernels.situ_rows import situ_pair
+    from latent_moe_fusion.ops.routed.situ_rows import situ_pair
 
     g = (torch.randn(7, 40, device=DEVICE) * 3).to(torch.bfloat16)
     u = (torch.randn(7, 40, device=DEVICE) * 3).to(torch.bfloat16)
@@ -67,7 +67,7 @@ def test_pair_of_separate_operands_and_of_two_halves():
 
 
 def test_pair_rejects_mismatched_operands():
-    from latent_moe_fusion.ops.triton_kernels.situ_rows import situ_pair
+    from latent_moe_fusion.ops.routed.situ_rows import situ_pair
 
     g = torch.randn(4, 8, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="one shape and one stride"):

@@ -1,4 +1,4 @@
-"""The staged prefill kernels (gluon_kernels/routed_staged.py) compile for sm_90 on this CPU machine and their k loop
+"""The staged prefill kernels (ops/routed/gluon/routed_staged.py) compile for sm_90 on this CPU machine and their k loop
 is what the design says: per 64-wide k step one CTA barrier, 4 asynchronous wgmma from shared memory with a wait that
 leaves the newest in flight (the tensor cores run step i while the threads dequantise step i + 1), the 128 activation
 rows by 4 cp.async copies per thread (no activation registers), the weight words by one TMA copy, the dequantised tile
@@ -10,7 +10,7 @@ Runs tests/staged_compile_sm90.py in a fresh interpreter without TRITON_INTERPRE
 import json
 from pathlib import Path
 
-from latent_moe_fusion.ops.gluon_kernels import STAGED_MAX_REGISTERS, STAGED_WARPS
+from latent_moe_fusion.ops.routed.gluon import STAGED_MAX_REGISTERS, STAGED_WARPS
 from tests.compiled_python import run_compiled
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The symmetric-memory exchange (ops/symm_exchange.py) on the CPU.
+"""The symmetric-memory exchange (ops/common/symm_exchange.py) on the CPU.
 
 Both methods (the one-launch Triton exchange, run by the interpreter, and the torch copies between barriers) run
 for real in R processes over a stand-in for the symmetric workspace: every rank's buffer is shared memory that
@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops import layouts
-from latent_moe_fusion.ops.symm_exchange import (
+from latent_moe_fusion.ops.common import fragment_layouts as layouts
+from latent_moe_fusion.ops.common.symm_exchange import (
     ENV,
     METHOD_ENV,
     WINDOWS,

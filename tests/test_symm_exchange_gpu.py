@@ -25,7 +25,7 @@ BF16_TOL = 1.5e-2
 def _exchange_worker(rank: int, world: int, seed: int) -> dict:
     import torch.distributed as dist
 
-    from latent_moe_fusion.ops import layouts
+    from latent_moe_fusion.ops.common import fragment_layouts as layouts
     from tests.graph_replay import replay_without_host_sync
 
     name = dist.group.WORLD.group_name

@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from latent_moe_fusion.ops.backends import explain
-from latent_moe_fusion.ops.cute import tail_backend
-from latent_moe_fusion.ops.cute.tail_configs import PREFILL, TABLE, all_configs, bucket_bound, pick_config
+from latent_moe_fusion.ops.common.backends import explain
+from latent_moe_fusion.ops.tail.cute import tail_backend
+from latent_moe_fusion.ops.tail.cute.tail_configs import PREFILL, TABLE, all_configs, bucket_bound, pick_config
 
 HAS_CUTE_DSL = importlib.util.find_spec("cutlass") is not None
 needs_cute_dsl = pytest.mark.skipif(
@@ -25,7 +25,7 @@ needs_cute_dsl = pytest.mark.skipif(
                                                        (TABLE[1][1], 1, True), (PREFILL, 8, True)],
                          ids=["decode-swap-R8", "prefill-R1", "decode-swap-R1-pdl", "prefill-R8-pdl"])
 def test_compiles_to_wgmma_and_tma_ptx(cfg, num_frags, pdl, tmp_path, monkeypatch):
-    from latent_moe_fusion.ops.cute.tail_runtime import KernelKey, compile_kernel
+    from latent_moe_fusion.ops.tail.cute.tail_runtime import KernelKey, compile_kernel
 
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     monkeypatch.chdir(tmp_path)  # --keep-ptx writes the PTX into the working directory
@@ -54,7 +54,7 @@ def test_configs_are_valid_and_bucketed():
 def test_the_tokens_the_triton_gemv_serves_are_a_bucket_of_their_own():
     """The backend choice is per bucket; Triton's tail switches kernels above GEMV_MAX_M, so a bucket that
     straddled that bound would be decided by two different Triton kernels at once."""
-    from latent_moe_fusion.ops.triton_kernels.tail_configs import GEMV_MAX_M
+    from latent_moe_fusion.ops.common.tail_gemm.tail_gemm_configs import GEMV_MAX_M
 
     assert bucket_bound(GEMV_MAX_M) == GEMV_MAX_M and bucket_bound(GEMV_MAX_M + 1) > GEMV_MAX_M
 

@@ -63,7 +63,7 @@ CASES = [  # (M, K, N, R, mode): K/64 below and above the 8-stage decode ring, r
 
 @pytest.mark.parametrize(("m", "k", "n", "r", "mode"), CASES)
 def test_matches_float64_reference(m, k, n, r, mode, rng_seed):
-    from latent_moe_fusion.ops.cute import tail_cute_fused
+    from latent_moe_fusion.ops.tail.cute import tail_cute_fused
 
     y, w, _, frags = _inputs(m, k, n, r, mode)
     out = tail_cute_fused(y, w, frags, out=_poisoned(m, n))
@@ -74,7 +74,7 @@ def test_matches_float64_reference(m, k, n, r, mode, rng_seed):
 
 def test_hidden_scatter_column_slice(rng_seed):
     """hidden_scatter on rank q of 8: this rank's rows of the full w_up, fragments [R, M, H/R]."""
-    from latent_moe_fusion.ops.cute import tail_cute_fused
+    from latent_moe_fusion.ops.tail.cute import tail_cute_fused
 
     m, k, hidden, world, q = 9, 1024, 2048, 8, 3
     cols = hidden // world
@@ -87,8 +87,8 @@ def test_hidden_scatter_column_slice(rng_seed):
 
 def test_op_path_forced_and_deterministic(monkeypatch, rng_seed):
     import latent_moe_fusion  # noqa: F401  (registers torch.ops.lmf)
-    from latent_moe_fusion.ops.backends import select_backend
-    from latent_moe_fusion.ops.cute import tail_cute_fused
+    from latent_moe_fusion.ops.common.backends import select_backend
+    from latent_moe_fusion.ops.tail.cute import tail_cute_fused
 
     monkeypatch.setenv("LMF_BACKEND_LATENT_TAIL", "cute")
     # Without a process group the op takes R = 1 fragment ([M, 1, H] in token_publish).
@@ -102,7 +102,7 @@ def test_op_path_forced_and_deterministic(monkeypatch, rng_seed):
 
 
 def test_runs_on_the_current_stream(rng_seed):
-    from latent_moe_fusion.ops.cute import tail_cute_fused
+    from latent_moe_fusion.ops.tail.cute import tail_cute_fused
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -115,7 +115,7 @@ def test_runs_on_the_current_stream(rng_seed):
 
 
 def test_capture_and_replay(rng_seed):
-    from latent_moe_fusion.ops.cute import tail_cute_fused, warmup
+    from latent_moe_fusion.ops.tail.cute import tail_cute_fused, warmup
 
     m, k, n, r = 6, 3584, 1024, 8
     warmup(m_values=[m], num_frags=[r])
@@ -136,7 +136,7 @@ def test_capture_and_replay(rng_seed):
 
 
 def test_capture_without_warmup_raises_clearly():
-    from latent_moe_fusion.ops.cute import CuteCompileDuringCapture, tail_cute_fused
+    from latent_moe_fusion.ops.tail.cute import CuteCompileDuringCapture, tail_cute_fused
 
     y, w, _, frags = _inputs(4, 128, 256, 2)  # R = 2: compiled by no other test
     graph = torch.cuda.CUDAGraph()
@@ -148,7 +148,7 @@ def test_capture_without_warmup_raises_clearly():
 @pytest.mark.parametrize(("m", "k", "n", "r"), [(1, 1536, 512, 1), (8, 3584, 1024, 8), (32, 1536, 512, 8),
                                                 (77, 1536, 384, 8), (200, 1536, 640, 8), (5, 128, 256, 8)])
 def test_programmatic_dependent_launch_is_bitwise_the_plain_one(m, k, n, r, rng_seed):
-    from latent_moe_fusion.ops.cute import tail_cute_fused
+    from latent_moe_fusion.ops.tail.cute import tail_cute_fused
 
     y, w, _, frags = _inputs(m, k, n, r)
     plain = tail_cute_fused(y, w, frags, out=_poisoned(m, n), pdl=False)
@@ -161,8 +161,8 @@ def test_programmatic_dependent_launch_is_bitwise_the_plain_one(m, k, n, r, rng_
 def test_dependent_launch_waits_for_the_combine_that_signals_early(m, tuned, rng_seed):
     """The producer's combine signals its dependents first thing, then writes y_n: the tail launched behind
     it in a captured graph must read the y_n of this replay (poisoned output, fresh pairs every replay)."""
-    from latent_moe_fusion.ops.cute import tail_cute_fused, warmup
-    from latent_moe_fusion.ops.triton_kernels.combine import launch_combine
+    from latent_moe_fusion.ops.routed.triton.combine import launch_combine
+    from latent_moe_fusion.ops.tail.cute import tail_cute_fused, warmup
 
     tuned(pdl_sites="tail")
     k, n, r, top_k = 3584, 2048, 1, 4

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from latent_moe_fusion.ops import latent_tail
-from latent_moe_fusion.ops.triton_kernels import tail
-from latent_moe_fusion.ops.triton_kernels.tail_configs import BF16_TABLE, FP32_TABLE, TailConfig
+from latent_moe_fusion.ops.common.tail_gemm import tail_launch as tail
+from latent_moe_fusion.ops.common.tail_gemm.tail_gemm_configs import BF16_TABLE, FP32_TABLE, TailConfig
 
 pytestmark = pytest.mark.gpu
 
@@ -126,8 +126,8 @@ def test_op_matches_reference_backend(mode, m, monkeypatch, rng_seed):
 def test_triton_is_the_default_cuda_backend(m):
     """Triton serves the tail on CUDA unless the CuTe DSL is installed and its measured table picks the bucket
     (M = 3 .. 64 in tail_cute_choice.json; never M <= 2, the GEMV's)."""
-    from latent_moe_fusion.ops.backends import select_backend
-    from latent_moe_fusion.ops.cute import tail_backend
+    from latent_moe_fusion.ops.common.backends import select_backend
+    from latent_moe_fusion.ops.tail.cute import tail_backend
 
     y = torch.randn(m, 3584, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(7168, 3584, dtype=torch.bfloat16, device="cuda")

@@ -8,9 +8,9 @@ are poisoned with NaN first so that any element left unwritten fails the check.
 import pytest
 import torch
 
-from latent_moe_fusion.ops.backends import backends_for
-from latent_moe_fusion.ops.triton_kernels import tail
-from latent_moe_fusion.ops.triton_kernels.tail_configs import (
+from latent_moe_fusion.ops.common.backends import backends_for
+from latent_moe_fusion.ops.common.tail_gemm import tail_launch as tail
+from latent_moe_fusion.ops.common.tail_gemm.tail_gemm_configs import (
     BF16_TABLE,
     FP32_TABLE,
     TailConfig,
@@ -18,6 +18,7 @@ from latent_moe_fusion.ops.triton_kernels.tail_configs import (
     pick_config,
     table_config,
 )
+from latent_moe_fusion.ops.tail.triton import triton_tail_backend
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run on CPU only")
 
@@ -83,7 +84,7 @@ def test_gemv_every_token_count_and_k(m, k, rng_seed):
 
 
 def test_gemv_block_sizes():
-    from latent_moe_fusion.ops.triton_kernels.tail_gemv import gemv_block_sizes
+    from latent_moe_fusion.ops.common.tail_gemm.tail_gemv import gemv_block_sizes
 
     assert gemv_block_sizes(1, 512, 1024, 3584) == (1, 512, 1024)
     assert gemv_block_sizes(3, 512, 1024, 3584) == (4, 128, 256)
@@ -129,7 +130,7 @@ def test_backend_serves_every_layout_on_cpu_tensors(rng_seed):
         ("token_publish", torch.randn(m, 1, h, dtype=torch.bfloat16)),
         ("hidden_scatter", torch.randn(1, m, h, dtype=torch.bfloat16)),
     ):
-        out = tail.tail_triton(y_n, w_up, ws, mode, None)
+        out = triton_tail_backend.tail_triton(y_n, w_up, ws, mode, None)
         frags = ws.transpose(0, 1) if mode == "token_publish" else ws
         assert _rel_l2(out, _ref64(y_n, w_up, frags)) < 1e-2, mode
 
@@ -163,7 +164,7 @@ def test_config_table_covers_every_m():
 
 
 def test_gemv_override(tuned):
-    from latent_moe_fusion.ops.triton_kernels.tail_configs import FEW_TOKENS_SWAP, GEMV_CONFIG, GEMV_OVERRIDE
+    from latent_moe_fusion.ops.common.tail_gemm.tail_gemm_configs import FEW_TOKENS_SWAP, GEMV_CONFIG, GEMV_OVERRIDE
 
     assert table_config(1, False) == GEMV_CONFIG and table_config(2, False) == GEMV_CONFIG
     assert table_config(3, False).kernel == "swap" and table_config(1, True).kernel == "swap"

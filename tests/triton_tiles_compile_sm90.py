@@ -21,10 +21,10 @@ import torch
 import triton
 from triton.compiler import ASTSource
 
-from latent_moe_fusion.ops.triton_kernels import producer_config
-from latent_moe_fusion.ops.triton_kernels import weight_tiles as wt
-from latent_moe_fusion.ops.triton_kernels.expert_gemm import l1_kernel, l2_kernel
-from latent_moe_fusion.ops.triton_kernels.producer_config import pick_config
+from latent_moe_fusion.ops.routed import producer_config
+from latent_moe_fusion.ops.routed.producer_config import pick_config
+from latent_moe_fusion.ops.routed.triton import weight_tiles as wt
+from latent_moe_fusion.ops.routed.triton.expert_gemm import l1_kernel, l2_kernel
 from tests.sm90_sass import SM90, main_loop, sass_of
 
 VARIANTS = {"triton": wt.DEQUANT_TRITON, "asm": wt.DEQUANT_ASM, "asm_pairs": wt.DEQUANT_ASM_PAIRS,

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from latent_moe_fusion import envs
 
-from ..ops.backends import backends_for
+from ..ops.common.backends import backends_for
 
 DISABLE_ENV = "LMF_DISABLE_FUSION"
 FUSED_OPS = ("moe_shared_producer", "latent_tail", "noaux_tc_route", "route_and_project", "route_and_produce")

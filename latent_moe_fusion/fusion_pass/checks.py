@@ -13,8 +13,8 @@ import torch
 from torch import fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from ..ops.backends import backends_for
-from ..ops.layouts import fragment_shape, group_size
+from ..ops.common.backends import backends_for
+from ..ops.common.fragment_layouts import fragment_shape, group_size
 from ..patterns import FORMS
 from .candidates import Candidate
 from .capabilities import Capabilities

@@ -1,6 +1,6 @@
 """The router beside the down-projection: a fused router (lmf::noaux_tc_route, routing.py) whose logits
 come from a gate GEMM of the tokens x, and the latent down-projection z = x @ W_down^T of the same x that
-feeds the routed experts with those weights, become one lmf::route_and_project (ops/route_and_project.py).
+feeds the routed experts with those weights, become one lmf::route_and_project (ops/routed/router_fused/route_and_project.py).
 
     logits = mm.dtype(x, permute(W_gate), float32)                        router_gemm "bf16"
            | mm([convert(] x [, float32)], permute([convert(] W_gate [, float32)]))   "fp32"
@@ -15,7 +15,7 @@ other finders it gives a reason when it leaves a router alone.
 
 Where the consumer is the fused block's lmf::moe_shared_producer, fed by the route's ids and weights and
 the down-projection directly (nothing else uses them), the three go further, into one
-lmf::route_and_produce (ops/route_and_produce.py), which starts the shared expert first on CUDA
+lmf::route_and_produce (ops/routed/router_fused/route_and_produce.py), which starts the shared expert first on CUDA
 (FusionConfig.shared_first), up to SHARED_FIRST_MAX_TOKENS tokens.
 """
 
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from ..ops.route_and_produce import SHARED_FIRST_MAX_TOKENS
-from ..ops.route_and_project import OVERLAP_MAX_TOKENS
+from ..ops.routed.router_fused.route_and_produce import SHARED_FIRST_MAX_TOKENS
+from ..ops.routed.router_fused.route_and_project import OVERLAP_MAX_TOKENS
 from .candidates import other_matmul
 from .capabilities import Capabilities
 from .checks import serving_backend

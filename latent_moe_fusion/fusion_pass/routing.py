@@ -1,5 +1,5 @@
 """The router fusion: sigmoid -> + correction bias -> topk -> gather / renormalise [-> EP share] becomes
-one lmf::noaux_tc_route (ops/routing.py), whose ids are bitwise those of the CUDA chain it replaces.
+one lmf::noaux_tc_route (ops/router/noaux_tc_route.py; its math in ops/common/route_math.py), whose ids are bitwise those of the CUDA chain it replaces.
 
 The chain, as model/router.py writes it and Inductor's post-grad graph holds it:
 

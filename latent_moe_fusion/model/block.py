@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops  # noqa: F401  (registers torch.ops.lmf.*)
-from ..config import KimiK3MoEConfig
+from ..kimi_k3_config import KimiK3MoEConfig
 from .layers import RMS_NORMS, situ_activation
 from .router import ROUTER_GEMMS, localize_ids, route
 from .weights import expert_weights, normal

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..ops import routing as _ops_routing
-from ..ops.routing import localize as localize_ids  # noqa: F401  (the EP share; lmf::noaux_tc_route folds it in)
+from ..ops.common import route_math as _ops_routing
+from ..ops.common.route_math import localize as localize_ids  # noqa: F401  (the EP share; lmf::noaux_tc_route folds it in)
 
 ROUTER_GEMMS = ("fp32", "bf16")
 

@@ -11,7 +11,7 @@ import zlib
 
 import torch
 
-from ..ops.mxfp4 import quantize_mxfp4
+from ..ops.common.mxfp4 import quantize_mxfp4
 
 
 def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:

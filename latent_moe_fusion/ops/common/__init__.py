@@ -1,0 +1,1 @@
+"""Helpers that more than one op family uses. Nothing here imports an op family."""

@@ -1,0 +1,57 @@
+"""Triton backend of `lmf::latent_tail` (registered at import): every fragment layout onto the tail kernel's launcher
+(common/tail_gemm/tail_launch.py, which the down-projection shares)."""
+
+from __future__ import annotations
+
+import torch
+
+from ...common.backends import Backend, register_backend
+from ...common.device_capability import current_capability
+from ...common.fragment_layouts import gather_columns, rank_tail_operands
+from ...common.tail_gemm.tail_launch import _IMPORT_ERROR, tail_fused
+
+INT32_MAX = 2**31 - 1
+
+
+def tail_triton(y_n: torch.Tensor, w_up: torch.Tensor, ws: torch.Tensor, mode: str, group_name: str | None):
+    """The lmf::latent_tail backend: every layout onto tail_fused."""
+    y, w, frags = rank_tail_operands(y_n, w_up, ws, mode, group_name)
+    out = tail_fused(y, w, frags)
+    return gather_columns(out, group_name) if mode == "hidden_scatter" else out
+
+
+def available() -> str | None:
+    if _IMPORT_ERROR is not None:
+        return _IMPORT_ERROR
+    capability = current_capability()
+    if capability is None:
+        return "no CUDA device"
+    major, minor = capability
+    if major < 9:
+        return f"the tail configs are measured on Hopper (sm_90); this device is sm_{major}{minor}"
+    return None
+
+
+def supports(y_n, w_up, ws, mode, group_name=None) -> str | None:
+    if y_n.dtype not in (torch.bfloat16, torch.float32):
+        return f"dtype {y_n.dtype} is not served (bfloat16 or float32)"
+    m, k = y_n.shape
+    hidden = w_up.shape[0]
+    # Offsets are int32 inside the kernels; the fp32 split-K workspace holds up to 16 copies of out.
+    largest = max(y_n.numel(), w_up.numel(), ws.numel(), m * hidden * 16)
+    if largest > INT32_MAX:
+        return f"tensors of {largest} elements exceed int32 indexing in the Triton tail"
+    return None
+
+
+register_backend(
+    Backend(
+        op="latent_tail",
+        name="triton",
+        priority=10,
+        device_types=("cuda",),
+        fn=tail_triton,
+        available=available,
+        supports=supports,
+    )
+)
