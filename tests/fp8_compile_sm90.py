@@ -16,6 +16,7 @@ import triton
 from latent_moe_fusion.ops.routed import gluon as gk
 from latent_moe_fusion.ops.routed.gluon import routed_fp8 as rf
 from tests.gluon_compile_sm90 import compile_sm90
+from tests.offline_source import ast_source
 from tests.sm90_sass import SM90, registers, sass_of, spills
 
 L1_FP8_SIG = {"z_hi_ptr": "*fp8e4nv", "z_lo_ptr": "*fp8e4nv", "col_factor_ptr": "*fp32", "s_ptr": "*u8",
@@ -31,7 +32,6 @@ L2_FP8_SIG = {"a_hi_ptr": "*fp8e4nv", "a_lo_ptr": "*fp8e4nv", "row_factor_ptr": 
 def compile_fp8(which: str, bm: int, mma: str = "pipe") -> triton.compiler.CompiledKernel:
     """l1_fp8_kernel or l2_fp8_kernel as their launchers call them (routed.gluon.launch_routed_l*_fp8)."""
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     l1 = which == "l1"
     fn, sig, warps = (rf.l1_fp8_kernel, L1_FP8_SIG, gk.L1_WARPS) if l1 else (rf.l2_fp8_kernel, L2_FP8_SIG, gk.L2_WARPS)
@@ -40,8 +40,7 @@ def compile_fp8(which: str, bm: int, mma: str = "pipe") -> triton.compiler.Compi
     box = f"2, {16 * warps}, {gk.STEP_K // 8}" if l1 else f"{16 * warps}, {gk.STEP_K // 8}"
     sig = dict(sig, w_desc=f"tensordesc<i32[{box}],{layout!r}>", BM="constexpr", BK="constexpr",
                num_warps="constexpr", MMA="constexpr")
-    src = GluonASTSource(fn=fn, signature=sig, attrs=attrs,
-                         constexprs={"BM": bm, "BK": gk.STEP_K, "num_warps": warps, "MMA": mma})
+    src = ast_source(fn, sig, {"BM": bm, "BK": gk.STEP_K, "num_warps": warps, "MMA": mma}, attrs, gluon=True)
     return triton.compile(src, target=SM90, options={"num_warps": warps})
 
 

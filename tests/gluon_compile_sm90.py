@@ -15,6 +15,7 @@ import triton
 
 from latent_moe_fusion.ops.routed import gluon as gk
 from latent_moe_fusion.ops.routed.gluon import routed_gemm as rg
+from tests.offline_source import ast_source
 from tests.sm90_sass import SM90, main_loop, registers, sass_of, spills
 
 BM = gk.BLOCK_ROWS[0]
@@ -32,7 +33,6 @@ L2_SIG = {"act_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*u8", "sorted_ptr": "*i
 def compile_sm90(which: str, split: int = 1, ring: str = "loads", order: str = "auto",
                  bm: int = BM) -> triton.compiler.CompiledKernel:
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     fn, sig, warps = (rg.l1_regs_kernel, L1_SIG, gk.L1_WARPS) if which == "l1" else (rg.l2_regs_kernel, L2_SIG, gk.L2_WARPS)
     # Integer arguments the launcher passes are multiples of 16 at these sizes (what the JIT specialises on).
@@ -49,7 +49,7 @@ def compile_sm90(which: str, split: int = 1, ring: str = "loads", order: str = "
         desc, constexprs["w_desc"] = "constexpr", None
     sig = dict(sig, w_desc=desc, BM="constexpr", BK="constexpr", SPLIT="constexpr", num_warps="constexpr",
                RING="constexpr", STAGES="constexpr", ORDER="constexpr")
-    src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    src = ast_source(fn, sig, constexprs, attrs, gluon=True)
     cap = gk.max_registers(which, kind, bm)
     options = {"num_warps": warps} | ({"maxnreg": cap} if cap else {})
     return triton.compile(src, target=SM90, options=options)

@@ -8,9 +8,7 @@ import json
 import re
 
 import triton
-from bench.regs_sass import L1_SIG, L2_SIG
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 from latent_moe_fusion.ops.common.tail_gemm.tail_gemv import tail_gemv_kernel
 from latent_moe_fusion.ops.common.tail_gemm.tail_kernels import tail_swap_kernel, tail_swap_tma_kernel
@@ -18,6 +16,8 @@ from latent_moe_fusion.ops.routed import gluon as gk
 from latent_moe_fusion.ops.routed.gluon import routed_gemm as rg
 from latent_moe_fusion.ops.routed.split_k_finish import l1_finish_kernel
 from latent_moe_fusion.ops.routed.triton.combine import combine_kernel
+from tests.gluon_compile_sm90 import L1_SIG, L2_SIG
+from tests.offline_source import ast_source
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -26,16 +26,15 @@ def _triton(fn, sig: dict, consts: dict, warps: int, stages: int = 3, aligned: t
     """aligned: integer arguments the JIT would see as multiples of 16 at the real sizes."""
     sig = dict(sig) | {n: "constexpr" for n in consts}
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items()) if t.startswith("*") or n in aligned}
-    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    src = ast_source(fn, sig, consts, attrs)
     return triton.compile(src, target=TARGET, options={"num_warps": warps, "num_stages": stages, "launch_pdl": True})
 
 
 def _gluon(fn, sig: dict, consts: dict, warps: int):
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items()) if t != "fp32" and n != "top_k"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
+             if t not in ("fp32", "constexpr") and n != "top_k"}
     sig = dict(sig) | {n: "constexpr" for n in consts}
-    src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    src = ast_source(fn, sig, consts, attrs, gluon=True)
     return triton.compile(src, target=TARGET, options={"num_warps": warps, "launch_pdl": True})
 
 
@@ -102,7 +101,7 @@ def main() -> None:
     gemv_sig = {"a_ptr": "*bf16", "w_ptr": "*bf16", "f_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32",
                 "K": "i32", "s_am": "i32", "s_ak": "constexpr", "s_wn": "i32", "s_wk": "constexpr", "s_fr": "i32",
                 "s_fm": "i32", "s_fn": "constexpr", "s_om": "i32", "s_on": "constexpr"}
-    gemv_consts = dict(s_ak=1, s_wk=1, s_fn=1, s_on=1, R=2, BLOCK_N=8, BLOCK_M=1, BLOCK_K=512, PRELOAD_K=1024,
+    gemv_consts = dict(s_ak=1, s_wk=1, s_fn=1, s_on=1, R=2, BLOCK_N=8, BLOCK_M=1, BLOCK_K=512, PRELOAD_K=1024, STAGES=3,
                        EVEN_K=True, FRAG_GROUP=2, PDL=True)
     gemv = _triton(tail_gemv_kernel, gemv_sig, gemv_consts, 4, aligned=("N", "K", "s_am", "s_wn", "s_fr", "s_fm", "s_om"))
     out["tail_gemv_kernel"] = gemv
@@ -122,10 +121,12 @@ def main() -> None:
     out["l1_finish_kernel"] = _triton(l1_finish_kernel, fin_sig, dict(BM=16, BLOCK=1024, SPLIT=2, INTERPRET=False,
                                                                       PDL=True), 4)
     common = dict(BM=gk.BLOCK_ROWS[0], BK=gk.STEP_K, SPLIT=2)
-    out["l1_regs_kernel"] = _gluon(rg.l1_regs_kernel, L1_SIG, common | dict(num_warps=gk.L1_WARPS, SIGNAL=True),
-                                   gk.L1_WARPS)
-    out["l2_regs_kernel"] = _gluon(rg.l2_regs_kernel, L2_SIG, common | dict(num_warps=gk.L2_WARPS, PDL=True),
-                                   gk.L2_WARPS)
+    # the default weight ring (loads) takes no descriptor: w_desc is None, as the launcher passes it
+    common = common | dict(w_desc=None)
+    out["l1_regs_kernel"] = _gluon(rg.l1_regs_kernel, dict(L1_SIG, w_desc="constexpr"),
+                                   common | dict(num_warps=gk.L1_WARPS, SIGNAL=True), gk.L1_WARPS)
+    out["l2_regs_kernel"] = _gluon(rg.l2_regs_kernel, dict(L2_SIG, w_desc="constexpr"),
+                                   common | dict(num_warps=gk.L2_WARPS, PDL=True), gk.L2_WARPS)
     found = {name: positions(k.asm["ptx"]) for name, k in out.items()}
     runtime_args = [n for n, t in gemv_sig.items() if t != "constexpr"]  # the PTX parameters, in order
     found["tail_gemv_kernel"]["before_wait"] = params_loaded_before_wait(gemv.asm["ptx"], runtime_args)

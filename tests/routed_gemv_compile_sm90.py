@@ -15,6 +15,7 @@ import triton
 
 from latent_moe_fusion.ops.routed.gluon import gluon_routed_gemv as rg
 from latent_moe_fusion.ops.routed.routed_gemv import ROUTED_GEMV_CONFIG, RoutedGemvConfig
+from tests.offline_source import ast_source
 from tests.sm90_sass import SM90, loop_ranges, registers, sass_of, spills
 
 TYPES = ("*i32", "*i32", "*i32", "*u8", None, "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "fp32",
@@ -23,7 +24,6 @@ NOT_DIVISIBLE = ("n_pairs", "top_k", "beta", "lin_beta")
 
 
 def compile_sm90(dual: bool, cfg: RoutedGemvConfig, scale_sums: bool | None = None) -> triton.compiler.CompiledKernel:
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = rg.routed_gemv_l1_kernel if dual else rg.routed_gemv_l2_kernel
     names = fn.arg_names[: len(TYPES)]
@@ -34,7 +34,7 @@ def compile_sm90(dual: bool, cfg: RoutedGemvConfig, scale_sums: bool | None = No
                       num_warps=cfg.num_warps, FACTOR=cfg.scale_sums if scale_sums is None else scale_sums,
                       PREFETCH=cfg.prefetch)
     sig |= {k: "constexpr" for k in constexprs}
-    src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    src = ast_source(fn, sig, constexprs, attrs, gluon=True)
     options = {"num_warps": cfg.num_warps} | ({"maxnreg": cfg.max_registers} if cfg.max_registers else {})
     return triton.compile(src, target=SM90, options=options)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import triton
 
 from latent_moe_fusion.ops.routed import gluon as gk
+from tests.offline_source import ast_source
 from tests.sm90_sass import SM90, loop_ranges, registers, sass_of, spills
 
 L1_SIG = {"z_ptr": "*bf16", "s_ptr": "*u8", "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "act_ptr": "*bf16",
@@ -28,7 +29,6 @@ L2_SIG = {"act_ptr": "*bf16", "s_ptr": "*u8", "sorted_ptr": "*i32", "block_exper
 def compile_sm90(which: str) -> triton.compiler.CompiledKernel:
     """The staged L1 or L2 as the launcher compiles it (routed.gluon._launch_staged_l1 / _l2)."""
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     from latent_moe_fusion.ops.routed.gluon import routed_staged as rs
 
@@ -39,8 +39,7 @@ def compile_sm90(which: str) -> triton.compiler.CompiledKernel:
     box = f"2, {rows // 2}, {words}" if which == "l1" else f"{rows}, {words}"
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3 if which == "l1" else 2)
     sig = dict(sig, w_desc=f"tensordesc<i32[{box}],{layout!r}>", BM="constexpr", num_warps="constexpr")
-    src = GluonASTSource(fn=fn, signature=sig, constexprs={"BM": gk.STAGED_BLOCK_ROWS, "num_warps": gk.STAGED_WARPS},
-                         attrs=attrs)
+    src = ast_source(fn, sig, {"BM": gk.STAGED_BLOCK_ROWS, "num_warps": gk.STAGED_WARPS}, attrs, gluon=True)
     return triton.compile(src, target=SM90,
                           options={"num_warps": gk.STAGED_WARPS, "maxnreg": gk.STAGED_MAX_REGISTERS})
 

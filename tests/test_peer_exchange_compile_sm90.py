@@ -9,7 +9,7 @@ from tests.compiled_python import run_compiled
 SCRIPT = """
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from tests.offline_source import ast_source
 from latent_moe_fusion.ops.common.peer_exchange import MAX_PROGRAMS, Chunks, peer_exchange_kernel
 chunks = Chunks.of({rows}, {cols})
 sig = {{"src_ptr": "*bf16", "src_part_stride": "i64", "src_row_stride": "i64", "out_ptr": "*bf16",
@@ -18,7 +18,7 @@ sig = {{"src_ptr": "*bf16", "src_part_stride": "i64", "src_row_stride": "i64", "
         "n_chunks": "i32"}}
 consts = dict(WORLD={world}, MAX_PROGRAMS=MAX_PROGRAMS, BLOCK_R=chunks.block_r, BLOCK_C=chunks.block_c)
 sig |= {{n: "constexpr" for n in consts}}
-kernel = triton.compile(ASTSource(fn=peer_exchange_kernel, signature=sig, constexprs=consts),
+kernel = triton.compile(ast_source(peer_exchange_kernel, sig, consts),
                         target=GPUTarget("cuda", 90, 32), options={{"num_warps": 4}})
 ptx = kernel.asm["ptx"]
 atoms = [line for line in ptx.split("\\n") if "atom.global" in line and ".sys" in line]

@@ -9,7 +9,7 @@ from tests.compiled_python import run_compiled
 SCRIPT = """
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from tests.offline_source import ast_source
 from latent_moe_fusion.ops.router.triton.route_topk import noaux_tc_route_kernel, route_launch_shape
 block_e, rows, warps = route_launch_shape({m}, 896)
 sig = {{"logits_ptr": "*fp32", "bias_ptr": "*fp32", "ids_ptr": "*i32", "weights_ptr": "*fp32", "m_rows": "i32",
@@ -17,7 +17,7 @@ sig = {{"logits_ptr": "*fp32", "bias_ptr": "*fp32", "ids_ptr": "*i32", "weights_
         "renorm_eps": "fp32", "scaling_factor": "fp32"}}
 consts = dict(TOP_K={k}, TOP_K_POW2=triton.next_power_of_2({k}), BLOCK_E=block_e, ROWS=rows)
 sig |= {{n: "constexpr" for n in consts}}
-kernel = triton.compile(ASTSource(fn=noaux_tc_route_kernel, signature=sig, constexprs=consts),
+kernel = triton.compile(ast_source(noaux_tc_route_kernel, sig, consts),
                         target=GPUTarget("cuda", 90, 32), options={{"num_warps": warps}})
 print("ptx-bytes", len(kernel.asm["ptx"]), "rows", rows, "warps", warps)
 """

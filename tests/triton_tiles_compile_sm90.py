@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 import triton
-from triton.compiler import ASTSource
 
 from latent_moe_fusion.ops.routed import producer_config
 from latent_moe_fusion.ops.routed.producer_config import pick_config
 from latent_moe_fusion.ops.routed.triton import weight_tiles as wt
 from latent_moe_fusion.ops.routed.triton.expert_gemm import l1_kernel, l2_kernel
+from tests.offline_source import ast_source
 from tests.sm90_sass import SM90, main_loop, sass_of
 
 VARIANTS = {"triton": wt.DEQUANT_TRITON, "asm": wt.DEQUANT_ASM, "asm_pairs": wt.DEQUANT_ASM_PAIRS,
@@ -53,7 +53,7 @@ def compile_l2_sm90(dequant: int, tma: bool = False) -> tuple[triton.compiler.Co
     consts = dict(BM=cfg.bm, BN=t.bn, BK=t.bk, BNS=t.shared_bn, BKS=t.bk_shared, MXFP4=True, DEQUANT=dequant,
                   INTERPRET=False, DOT_PREC=None, WDESC=tma, SPLIT=t.split_k)
     sig |= {n: "constexpr" for n in consts}
-    src = ASTSource(fn=l2_kernel, signature=sig, constexprs=consts)
+    src = ast_source(l2_kernel, sig, consts)
     return triton.compile(src, target=SM90, options=t.launch_options()), cfg
 
 
@@ -66,7 +66,7 @@ def compile_l1_sm90(dequant: int, tma: bool = False) -> tuple[triton.compiler.Co
     consts = dict(BM=cfg.bm, BN=t.bn, BK=t.bk, BNS=t.shared_bn, BKS=t.bk_shared, MXFP4=True, DEQUANT=dequant,
                   INTERPRET=False, DOT_PREC=None, WDESC=tma, SPLIT=t.split_k)
     sig |= {n: "constexpr" for n in consts}
-    src = ASTSource(fn=l1_kernel, signature=sig, constexprs=consts)
+    src = ast_source(l1_kernel, sig, consts)
     return triton.compile(src, target=SM90, options=t.launch_options()), cfg
 
 

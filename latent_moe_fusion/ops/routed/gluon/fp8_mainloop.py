@@ -15,6 +15,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from ...common.triton_compat import cta_barrier
 from .ring_loops import _alloc_ring, _ring_coord
 
 STAGES = gl.constexpr(4)
@@ -187,7 +188,7 @@ def _fp8_step(v: gl.constexpr, i, ws, rs, hi_buf, lo_buf, w_desc, w_row, sg_ptrs
     lo_buf._reinterpret(gl.int32, [ROWS, BK // 4], words_sl).store(act_lo)
     fence_async_shared()
     # The activation parts are complete, every warp has read stage v - 1 (refilled now) and waited on stage v.
-    gl.thread_barrier()
+    cta_barrier()
     prev: gl.constexpr = (v + STAGES - 1) % STAGES
     refill = i + STAGES - 1
     tma.async_copy_global_to_shared(w_desc, _ring_coord(w_row, refill * BK, DUAL), rs[prev], ws[prev],

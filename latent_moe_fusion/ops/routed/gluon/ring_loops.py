@@ -23,6 +23,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from ...common.gdc import wait_own_copies_0, wait_own_copies_2
+from ...common.triton_compat import cta_barrier
 from .lut_dequant import dequant_mma, to_kappa, words_layout
 
 
@@ -119,7 +120,7 @@ def _tma_step(u: gl.constexpr, i, ws, rs, buf, w_desc, w_row, s_ptrs, s2_ptrs, a
     # The activation tile is complete, every warp has read stage u - 1 (which now takes step i + 3; armed
     # one step ago) and waited on stage u (armed now for step i + 4, filled next step). Every other pair of
     # conflicting accesses is on separate allocations.
-    gl.thread_barrier()
+    cta_barrier()
     if LATE:
         sc_nx, sc2_nx, act_nx = _next_scales_act(s_ptrs, s2_ptrs, a_ptrs, a_mask, k_begin, k_end, i, DUAL, BK)
     prev: gl.constexpr = (u + STAGES - 1) % STAGES
@@ -187,7 +188,7 @@ def _cp_step(u: gl.constexpr, i, ws, ws2, bs, w_ptrs, s_ptrs, w2_ptrs, s2_ptrs, 
     # One barrier per step: the activation tile is complete, and every warp has read the stage that step
     # i - 1 used (each thread reads back only its own copies, but the compiler's barrier analysis cannot
     # see that), which now takes step i + STAGES - 1.
-    gl.thread_barrier()
+    cta_barrier()
     nxt = i + STAGES - 1
     live = gl.full([BN, BK // 8], nxt, gl.int32, layout=words_l) < n_steps
     k_fill = k_begin + gl.minimum(nxt, n_steps - 1) * BK

@@ -28,6 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 
 from ...common.gdc import prefetch_rows_l2, release_dependents, wait_for_predecessor
+from ...common.triton_compat import cta_barrier
 from ...common.triton_numerics import situ
 from .lut_dequant import WINDOW_SCALE, dequant_mma, to_kappa, words_layout
 from .ring_loops import load_scales_act, mainloop_cp, mainloop_tma
@@ -59,7 +60,7 @@ def _step(wd, sc, wd2, sc2, act, buf, acc, acc2, DUAL: gl.constexpr, BM: gl.cons
     fence_async_shared()
     # One barrier per step: a buffer is rewritten two steps later, after every warp passed the next
     # step's barrier and so finished this step's (synchronous) wgmma.
-    gl.thread_barrier()
+    cta_barrier()
     acc = dequant_mma(wd, sc, buf, acc, BM, BN, BK, NW)
     if DUAL:
         acc2 = dequant_mma(wd2, sc2, buf, acc2, BM, BN, BK, NW)

@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ...common.gdc import wait_own_copies_0, wait_own_copies_1
+from ...common.triton_compat import cta_barrier
 from ...common.triton_numerics import situ
 from .lut_dequant import WINDOW_SCALE, codes_to_bf16, scale_factors
 from .ring_loops import _ring_coord
@@ -94,7 +95,7 @@ def _staged_step(u: gl.constexpr, i, n_steps, ws, rs, wts, acts, w_desc, w_row, 
     fence_async_shared()  # the tile's stores (generic proxy) before the wgmma's reads (async proxy)
     # Every thread's tile stores and activation copies of step i are in; every warp group has waited for the wgmma
     # of step i - 2 and read stage u - 1 (their last uses of the buffers refilled below).
-    gl.thread_barrier()
+    cta_barrier()
     _copy_act(acts[(u + 2) % RING], a_rows, a_mask, k + 128, i + 2 < n_steps, NW)
     refill = i + RING - 1
     prev: gl.constexpr = (u + RING - 1) % RING
