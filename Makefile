@@ -2,9 +2,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# torch is installed first and pinned explicitly so that pip never pulls a multi-GB CUDA build
-# onto a CPU machine; a machine whose python already has torch (a GPU image) keeps its own.
-TORCH_SPEC ?= torch==2.13.0
+# torch is installed first, pinned: the newest supported release, with the Triton its wheel pins (torch 2.14 has no
+# CPU build, so this is its CUDA 13 wheel, which runs CPU-only without a GPU). A python that already has torch (a GPU
+# image) keeps its own.
+TORCH_SPEC ?= torch==2.14.1
 
 .PHONY: install demo test lint bench clean
 

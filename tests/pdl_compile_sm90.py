@@ -101,7 +101,7 @@ def main() -> None:
     gemv_sig = {"a_ptr": "*bf16", "w_ptr": "*bf16", "f_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32",
                 "K": "i32", "s_am": "i32", "s_ak": "constexpr", "s_wn": "i32", "s_wk": "constexpr", "s_fr": "i32",
                 "s_fm": "i32", "s_fn": "constexpr", "s_om": "i32", "s_on": "constexpr"}
-    gemv_consts = dict(s_ak=1, s_wk=1, s_fn=1, s_on=1, R=2, BLOCK_N=8, BLOCK_M=1, BLOCK_K=512, PRELOAD_K=1024, STAGES=3,
+    gemv_consts = dict(s_ak=1, s_wk=1, s_fn=1, s_on=1, R=2, BLOCK_N=8, BLOCK_M=1, BLOCK_K=512, PRELOAD_K=1024, STAGES=1,
                        EVEN_K=True, FRAG_GROUP=2, PDL=True)
     gemv = _triton(tail_gemv_kernel, gemv_sig, gemv_consts, 4, aligned=("N", "K", "s_am", "s_wn", "s_fr", "s_fm", "s_om"))
     out["tail_gemv_kernel"] = gemv
@@ -121,7 +121,8 @@ def main() -> None:
     out["l1_finish_kernel"] = _triton(l1_finish_kernel, fin_sig, dict(BM=16, BLOCK=1024, SPLIT=2, INTERPRET=False,
                                                                       PDL=True), 4)
     common = dict(BM=gk.BLOCK_ROWS[0], BK=gk.STEP_K, SPLIT=2)
-    # the default weight ring (loads) takes no descriptor: w_desc is None, as the launcher passes it
+    # the default weight ring (loads) takes no descriptor: w_desc is None, as the launcher passes it; STAGES of the
+    # GEMV is its default configuration's
     common = common | dict(w_desc=None)
     out["l1_regs_kernel"] = _gluon(rg.l1_regs_kernel, dict(L1_SIG, w_desc="constexpr"),
                                    common | dict(num_warps=gk.L1_WARPS, SIGNAL=True), gk.L1_WARPS)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from latent_moe_fusion.ops.common.mxfp4 import e2m1_lut
+from latent_moe_fusion.ops.common.triton_compat import offline_budget
 from latent_moe_fusion.ops.routed import producer_config as pc
 from latent_moe_fusion.ops.routed.fp8_split import E4M3_MAX, MAX_SHIFT, split_e4m3, to_kappa_order
 from latent_moe_fusion.ops.routed.gluon.fp8_mainloop import FP4_TO_E4M3_ASM
@@ -154,9 +155,9 @@ def test_fp8_kernels_compile_for_sm90_within_4_ctas_per_sm(tmp_path):
                                                                          (16, "64x16x32")], l1
     for r in l1:
         assert r["mma"].startswith("QGMMA") and r["mma"].endswith("E4M3.E4M3") and r["wgmma"] == 16, r
-        assert r["spills"] == 0 and r["HMUL2"] == 0 and r["BAR"] <= 2, r
+        assert r["spills"] == 0 and r["HMUL2"] == 0 and r["BAR"] <= offline_budget("fp8_barriers_per_step", 2), r
     eight = l1[0]
-    assert eight["registers"] <= 128, eight  # 4 CTAs of 4 warps per SM
+    assert eight["registers"] <= offline_budget("fp8_l1_8_registers", 128), eight  # 128: 4 CTAs of 4 warps per SM
     assert eight["FFMA"] == 32 and eight["loop_instr"] < 300, eight  # the bf16 L1: 385 per step
     l2 = [r for r in rows if r["kernel"] == "l2_regs_kernel"]
     assert len(l2) == 1 and l2[0]["mma"].startswith("HGMMA.64x8x16") and l2[0]["spills"] == 0, l2

@@ -17,6 +17,7 @@ from latent_moe_fusion import envs, tuning
 
 from ...common.device_capability import capability
 from ...common.mxfp4 import BLOCK as MXFP4_BLOCK
+from ...common.triton_compat import gluon_unsupported_reason
 
 REGS_OVERRIDE = "mxfp4_regs"  # tuning override; read by producer_config.regs_enabled too (the picked config)
 BLOCK_ROWS = (16, 32, 64, 128)  # rows per expert block the kernels take (the MMA's N at most; decode: 16, 32)
@@ -145,6 +146,8 @@ def regs_path_reason(
         return "only MXFP4 weights"
     if envs.read("TRITON_INTERPRET"):
         return "Gluon kernels do not run under TRITON_INTERPRET=1"
+    if (unsupported := gluon_unsupported_reason()) is not None:
+        return unsupported
     if not z.is_cuda or capability(z.device.index) != (9, 0):
         return "needs an sm_90 GPU (warpgroup MMA with a register operand)"
     if z.dtype != torch.bfloat16:
