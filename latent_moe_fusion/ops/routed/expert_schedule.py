@@ -146,21 +146,31 @@ def _resolve_config(
     mxfp4 = weight_format == "mxfp4"
     cfg = (config or pick_config(num_pairs, weight_format, dtype, num_experts)).with_k_dims(routed_k, shared_k, mxfp4)
     if config is None:
-        cfg = replace(cfg, l1=replace(cfg.l1, tma=cfg.l1.tma and _layout_fits(w13_layout, cfg.l1.bk, mxfp4)),
-                      l2=replace(cfg.l2, tma=cfg.l2.tma and _layout_fits(w2_layout, cfg.l2.bk, mxfp4)))
-        # The FP8 kernels' rings run whole rounds: the bf16 kernels take other K (L1: L, L2: I). Asked for by
-        # ROUTED_FP8_ENV, a layer that cannot run says so, as run_experts does for its other reasons.
-        misfit = [fp8 and k % FP8_K_MULTIPLE != 0 for fp8, k in zip(cfg.routed_fp8, routed_k, strict=True)]
-        if any(misfit) and routed_fp8_forced():
-            layer = misfit.index(True)
-            raise ValueError(f"{ROUTED_FP8_ENV}: the FP8 routed kernels cannot take this call (L{layer + 1}: the "
-                             f"{('latent size', 'intermediate size')[layer]} {routed_k[layer]} is not a multiple of "
-                             f"{FP8_K_MULTIPLE}); unset {ROUTED_FP8_ENV} (the bf16 kernels run where FP8 cannot) or "
-                             "set it to 0")
-        if misfit[0]:
-            cfg = _without_fp8(cfg, num_pairs, num_experts)
-        elif misfit[1]:
-            cfg = replace(cfg, routed_fp8=(True, False))
+        cfg = fit_picked(cfg, num_pairs, num_experts, routed_k, mxfp4, w13_layout, w2_layout)
+    return cfg
+
+
+def fit_picked(
+    cfg: ProducerConfig, num_pairs: int, num_experts: int, routed_k: tuple[int, int], mxfp4: bool,
+    w13_layout: tuple, w2_layout: tuple,
+) -> ProducerConfig:
+    """A picked config (K tiles fitted) made to fit the weights (_layout) and K: TMA weight tiles dropped where a
+    weight cannot take a descriptor, FP8 layers dropped where K is no whole number of their rings' rounds."""
+    cfg = replace(cfg, l1=replace(cfg.l1, tma=cfg.l1.tma and _layout_fits(w13_layout, cfg.l1.bk, mxfp4)),
+                  l2=replace(cfg.l2, tma=cfg.l2.tma and _layout_fits(w2_layout, cfg.l2.bk, mxfp4)))
+    # The FP8 kernels' rings run whole rounds: the bf16 kernels take other K (L1: L, L2: I). Asked for by
+    # ROUTED_FP8_ENV, a layer that cannot run says so, as run_experts does for its other reasons.
+    misfit = [fp8 and k % FP8_K_MULTIPLE != 0 for fp8, k in zip(cfg.routed_fp8, routed_k, strict=True)]
+    if any(misfit) and routed_fp8_forced():
+        layer = misfit.index(True)
+        raise ValueError(f"{ROUTED_FP8_ENV}: the FP8 routed kernels cannot take this call (L{layer + 1}: the "
+                         f"{('latent size', 'intermediate size')[layer]} {routed_k[layer]} is not a multiple of "
+                         f"{FP8_K_MULTIPLE}); unset {ROUTED_FP8_ENV} (the bf16 kernels run where FP8 cannot) or "
+                         "set it to 0")
+    if misfit[0]:
+        cfg = _without_fp8(cfg, num_pairs, num_experts)
+    elif misfit[1]:
+        cfg = replace(cfg, routed_fp8=(True, False))
     return cfg
 
 
@@ -220,6 +230,14 @@ def shared_strategy(m_s: int) -> str:
     if m_s <= SHARED_SIDE_MAX_TOKENS:
         return "side"
     return "cublas_side" if m_s <= SHARED_CUBLAS_SIDE_MAX_TOKENS else "cublas"
+
+
+def grouping_goes_first(regs: bool, num_tokens: int) -> bool:
+    """Whether the grouping launches before the shared expert's side-stream fork (run_experts says why): always
+    where the Triton grids hold routed tiles; beside the register-dequant kernels from 2 tokens on (group_first
+    forces)."""
+    forced = tuning.current().group_first
+    return not regs or (forced if forced is not None else num_tokens > GROUP_AFTER_FORK_MAX_TOKENS)
 
 
 def grid_shared_strategy(m_s: int) -> str:
@@ -405,8 +423,7 @@ def run_experts(
     # at M = 8 on the routed chain, the critical one there (H200 block, group first: 111.0 / 148.7 /
     # 202.9 us against 113.7 / 153.2 / 205.6 at M = 2 / 4 / 8; docs/design/decode-schedule.md). A single
     # token's shared chain is the critical one: its grouping goes after the side stream's fork.
-    forced = tuning.current().group_first
-    group_first = not regs or (forced if forced is not None else topk_ids.shape[0] > GROUP_AFTER_FORK_MAX_TOKENS)
+    group_first = grouping_goes_first(regs, topk_ids.shape[0])
     choice = None
     if choice_bm:
         choice = grouping if grouping is not None else group_by_expert_choice(

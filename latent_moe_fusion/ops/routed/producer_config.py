@@ -6,7 +6,7 @@ docs/design/producer.md, routed-decode.md and prefill.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Final
 
 import torch
 
@@ -206,20 +206,26 @@ tuning.register(SHARED_L2_ROWS_OVERRIDE, tuning.power_of_two(16))
 tuning.register(SHARED_L2_K_OVERRIDE, tuning.power_of_two(16))
 
 
-def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_experts: int = 1 << 30) -> ProducerConfig:
+# pick_config's capability argument by default: the current CUDA device's (None without CUDA). routed_plan.py passes
+# another to answer for a device this process does not run on.
+CURRENT_DEVICE: Final = "current device"
+
+
+def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_experts: int = 1 << 30,
+                capability: tuple[int, int] | None | str = CURRENT_DEVICE) -> ProducerConfig:
     if interpreting():
         # Few, wide programs: the interpreter's cost is per program and per nested jit call.
         return ProducerConfig(16, GemmTiles(64, 128, 4, 1), GemmTiles(64, 128, 4, 1), DEQUANT_TRITON)
     # Table-lookup dequant: 3-6 % faster than the bias-multiply PTX at every M on the H200
     # (docs/design/producer.md).
-    sm90 = _has_sm90()
+    sm90, hopper = _device_flags(capability)
     dequant = DEQUANT_LUT if sm90 else DEQUANT_TRITON
     if dtype == torch.float32:
         return ProducerConfig(16, GemmTiles(32, 32, 4, 2), GemmTiles(32, 32, 4, 2), DEQUANT_TRITON)
     if num_pairs <= DECODE_PAIRS:
         bm = decode_bm = decode_block_m(num_pairs, num_experts)
         regs_bm = 0  # rows per block of the register-dequant kernels, where they take the call
-        if weight_format == "mxfp4" and _is_hopper() and regs_enabled():
+        if weight_format == "mxfp4" and hopper and regs_enabled():
             # 64-row decode blocks: the regs kernels' prefill blocks instead (0: the Triton tiles keep 64)
             regs_bm = bm if bm in DECODE_REGS_BLOCK_M else prefill_regs_block_m(num_pairs, num_experts)
         bm = regs_bm or bm
@@ -269,7 +275,7 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
         return ProducerConfig(bm, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), dequant)
     if weight_format == "mxfp4":
         prefill_bm = prefill_regs_block_m(num_pairs, num_experts)
-        regs = _is_hopper() and regs_enabled()
+        regs = hopper and regs_enabled()
         if prefill_bm and regs:
             # The register-dequant kernels beyond decode: every expert's rows in blocks of prefill_bm; the
             # Triton grids then hold nothing (the shared expert runs by cuBLAS at these sizes).
@@ -401,6 +407,14 @@ def _is_hopper() -> bool:
 def _has_sm90() -> bool:
     capability = current_capability()
     return capability is not None and capability >= (9, 0)
+
+
+def _device_flags(capability: tuple[int, int] | None | str) -> tuple[bool, bool]:
+    """(sm_90 or newer, sm_90 exactly) of the given capability; CURRENT_DEVICE asks _has_sm90 / _is_hopper (the
+    checks tests replace to stand in for a Hopper GPU)."""
+    if capability == CURRENT_DEVICE:
+        return _has_sm90(), _is_hopper()
+    return capability is not None and capability >= (9, 0), capability == (9, 0)
 
 
 # Everything besides its arguments that pick_config reads: the environment variables and tuning overrides below and

@@ -126,23 +126,32 @@ def routed_gemv_reason(
     w2_scale: torch.Tensor | None, weight_format: str, num_pairs: int, cfg: RoutedGemvConfig,
 ) -> str | None:
     """Why these routed GEMMs cannot run on the GEMV kernels (None if they can)."""
+    why = routed_gemv_shape_reason(z.shape[1], w2.shape[-1] * 2, weight_format, num_pairs, cfg, z.dtype, z.is_cuda)
+    if why is not None:
+        return why
+    for w, s in ((w13, w13_scale), (w2, w2_scale)):
+        if not (w.is_contiguous() and s is not None and s.is_contiguous()) or w.data_ptr() % 16 or s.data_ptr() % 16:
+            return "weights and scales must be contiguous and 16-byte aligned"
+    if z.stride(1) != 1 or z.stride(0) % 2 or z.storage_offset() % 2:
+        return "activations need unit column stride, an even row stride and offset (read as bf16 pairs)"
+    return None
+
+
+def routed_gemv_shape_reason(latent: int, inter: int, weight_format: str, num_pairs: int, cfg: RoutedGemvConfig,
+                             dtype: torch.dtype, on_cuda: bool) -> str | None:
+    """routed_gemv_reason's checks that need no tensor (sizes, dtype, device kind); routed_plan.py asks them for a
+    shape alone."""
     if weight_format != "mxfp4":
         return "only MXFP4 weights"
     if num_pairs > MAX_PAIRS:
         return f"at most {MAX_PAIRS} (token, slot) pairs, got {num_pairs}"
-    latent, inter = z.shape[1], w2.shape[-1] * 2
     for name, k, rows, n in (("L", latent, cfg.l1_rows, inter), ("I", inter, cfg.l2_rows, latent)):
         if k % (8 * cfg.words):
             return f"K = {name} = {k} must be a multiple of {8 * cfg.words} (the K step of {cfg.words} words)"
         if n % rows:
             return f"{n} output rows do not cut into tiles of {rows}"
-    for w, s in ((w13, w13_scale), (w2, w2_scale)):
-        if not (w.is_contiguous() and s is not None and s.is_contiguous()) or w.data_ptr() % 16 or s.data_ptr() % 16:
-            return "weights and scales must be contiguous and 16-byte aligned"
-    if z.is_cuda and z.dtype != torch.bfloat16:
-        return f"activations must be bfloat16 on the GPU, got {z.dtype}"
-    if z.stride(1) != 1 or z.stride(0) % 2 or z.storage_offset() % 2:
-        return "activations need unit column stride, an even row stride and offset (read as bf16 pairs)"
+    if on_cuda and dtype != torch.bfloat16:
+        return f"activations must be bfloat16 on the GPU, got {dtype}"
     return None
 
 

@@ -140,6 +140,26 @@ def regs_path_reason(
 ) -> str | None:
     """Why these routed GEMMs cannot run on the register-dequant kernels (None if they can); fp8: (L1, L2) on FP8
     MMAs (launch_routed_l1_fp8, launch_routed_l2_fp8)."""
+    device_capability = capability(z.device.index) if z.is_cuda else None
+    why = regs_shape_reason(z.shape[1], w2.shape[-1] * 2, z.dtype, weight_format, block_m, fp8, device_capability)
+    if why is not None:
+        return why
+    for w, s in ((w13, w13_scale), (w2, w2_scale)):
+        if not (w.is_contiguous() and s is not None and s.is_contiguous()) or w.data_ptr() % 16:
+            return "weights and scales must be contiguous with 16-byte aligned weights"
+        if s.shape[-1] * MXFP4_BLOCK != w.shape[-1] * 2:
+            return "scale shape does not match the weight"
+    if not _gluon_importable():
+        return "this triton has no Gluon hopper module"
+    return None
+
+
+def regs_shape_reason(
+    latent: int, inter: int, dtype: torch.dtype, weight_format: str, block_m: int, fp8: tuple[bool, bool],
+    device_capability: tuple[int, int] | None,
+) -> str | None:
+    """regs_path_reason's checks that need no tensor (sizes, dtype, the device's capability, None: not on a CUDA
+    device; switches and this Triton), in its order; routed_plan.py asks them for a shape alone."""
     if regs_switched_off():
         return f"{REGS_OVERRIDE}=False"
     if weight_format != "mxfp4":
@@ -148,14 +168,13 @@ def regs_path_reason(
         return "Gluon kernels do not run under TRITON_INTERPRET=1"
     if (unsupported := gluon_unsupported_reason()) is not None:
         return unsupported
-    if not z.is_cuda or capability(z.device.index) != (9, 0):
+    if device_capability != (9, 0):
         return "needs an sm_90 GPU (warpgroup MMA with a register operand)"
-    if z.dtype != torch.bfloat16:
-        return f"activations must be bfloat16, got {z.dtype}"
+    if dtype != torch.bfloat16:
+        return f"activations must be bfloat16, got {dtype}"
     rows = FP8_BLOCK_ROWS if any(fp8) else BLOCK_ROWS
     if block_m not in rows:
         return f"blocks of {', '.join(map(str, rows))} rows only (this batch groups by {block_m})"
-    latent, inter = z.shape[1], w2.shape[-1] * 2
     for on, k, name in ((fp8[0], latent, "L"), (fp8[1], inter, "I")):
         if on and k % FP8_K_MULTIPLE:
             return f"the FP8 kernels run whole rounds of their 4-stage rings: {name} = {k} must be a multiple of {FP8_K_MULTIPLE}"
@@ -164,13 +183,6 @@ def regs_path_reason(
     if block_m == STAGED_BLOCK_ROWS and (latent % STAGED_K_MULTIPLE or inter % STAGED_K_MULTIPLE):
         return (f"{STAGED_BLOCK_ROWS}-row blocks need L = {latent} and I = {inter} to be multiples of "
                 f"{STAGED_K_MULTIPLE} (whole rounds of the staged kernels' rings)")
-    for w, s in ((w13, w13_scale), (w2, w2_scale)):
-        if not (w.is_contiguous() and s is not None and s.is_contiguous()) or w.data_ptr() % 16:
-            return "weights and scales must be contiguous with 16-byte aligned weights"
-        if s.shape[-1] * MXFP4_BLOCK != w.shape[-1] * 2:
-            return "scale shape does not match the weight"
-    if not _gluon_importable():
-        return "this triton has no Gluon hopper module"
     return None
 
 
