@@ -13,25 +13,30 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 
-def kernel_times_us(fn: Callable[[], Any], iters: int = 5, top: int = 8) -> list[tuple[str, float]]:
-    """[(kernel name, µs per call)] for the `top` kernels by time, plus ("(other kernels)", µs) and
-    ("(all kernels)", µs)."""
+def profiled_kernels(fn: Callable[[], Any], iters: int = 5) -> list[tuple[str, float, float]]:
+    """[(kernel name, launches per call, µs per call)] of every GPU kernel (and memcpy / memset) of fn(), slowest
+    first: one warm-up call, then `iters` calls under the profiler."""
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    totals: dict[str, float] = {}
+    rows = []
     for evt in prof.key_averages():
         us = getattr(evt, "self_device_time_total", None)
-        if us is None:
-            us = evt.self_cuda_time_total
+        us = evt.self_cuda_time_total if us is None else us
         if us > 0:
-            totals[evt.key] = totals.get(evt.key, 0.0) + us / iters
-    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
+            rows.append((evt.key, evt.count / iters, us / iters))
+    return sorted(rows, key=lambda row: -row[2])
+
+
+def kernel_times_us(fn: Callable[[], Any], iters: int = 5, top: int = 8) -> list[tuple[str, float]]:
+    """[(kernel name, µs per call)] for the `top` kernels by time, plus ("(other kernels)", µs) and
+    ("(all kernels)", µs)."""
+    ranked = [(name, us) for name, _, us in profiled_kernels(fn, iters)]
     rest = sum(us for _, us in ranked[top:])
-    return ranked[:top] + [("(other kernels)", rest), ("(all kernels)", sum(totals.values()))]
+    return ranked[:top] + [("(other kernels)", rest), ("(all kernels)", sum(us for _, us in ranked))]
 
 
 def breakdown_markdown(sections: dict[str, list[tuple[str, float]]]) -> str:
