@@ -136,26 +136,26 @@ class TuningOverrides:
         "Grouping before the shared expert's side-stream fork from 2 tokens on, after the fork for 1 token.",
         "Acts only beside the register-dequant routed kernels (the Triton grids always group first). True launches "
         "the expert grouping before the fork, False after it. Launch order only.",
-        "ops/routed/expert_schedule.py")
+        "ops/routed/schedule_rules.py")
     regs_shared: str | None = _knob(
         "`side`, `cublas`, `cublas_side`",
         "By shared tokens: `side` up to 4, `cublas_side` up to 16, `cublas` beyond.",
         "Where the producer runs the shared expert beside the register-dequant or GEMV routed kernels: Triton grids "
         "on a side stream, cuBLAS in line after the routed L1 launch, or cuBLAS on the side stream. The Triton grids "
         "sum in other orders than cuBLAS (not bitwise); `cublas` and `cublas_side` run the same GEMMs.",
-        "ops/routed/expert_schedule.py")
+        "ops/routed/schedule_rules.py")
     grid_shared: str | None = _knob(
         "`grid`, `cublas`",
         "`grid` up to 256 shared tokens, `cublas` beyond.",
         "Where the producer runs the shared expert when the routed tiles are on the Triton grids: inside them (one "
         "launch per layer) or as cuBLAS GEMMs between them. Other kernels, other summation order.",
-        "ops/routed/expert_schedule.py")
+        "ops/routed/schedule_rules.py")
     shared_in_line: str | None = _knob(
         "`first`, `after_l1`",
         "`first` from 257 shared tokens on, `after_l1` below.",
         "Where the producer launches its in-line cuBLAS shared GEMMs (`cublas` placement): before the routed "
         "grouping, or right after the routed L1 launch. The same kernels on one stream give the same bits.",
-        "ops/routed/expert_schedule.py")
+        "ops/routed/schedule_rules.py")
     # The producer's configs (ProducerConfig; part of its memo key).
     prefill_regs: int | str | None = _knob(
         "`0`, `16`, `32`, `64`, `128`, `choice`",

@@ -39,3 +39,13 @@ def tuned():
     top of the last (None: back to the measured default); all undone at teardown."""
     with contextlib.ExitStack() as stack:
         yield lambda **changes: stack.enter_context(tuning.overrides(**changes))
+
+
+@pytest.fixture(autouse=True)
+def fresh_routed_plans():
+    """Each test plans its routed calls anew: a test may replace a rule the memoised plans were made with."""
+    from latent_moe_fusion.ops.routed.routed_plan import clear_plans
+
+    clear_plans()
+    yield
+    clear_plans()

@@ -28,7 +28,7 @@ def test_reasons_without_a_gpu(monkeypatch, tuned):
 
 
 def test_shared_strategy_by_tokens_and_override(tuned):
-    from latent_moe_fusion.ops.routed import expert_schedule as es
+    from latent_moe_fusion.ops.routed import schedule_rules as es
 
     assert es.shared_strategy(1) == es.shared_strategy(es.SHARED_SIDE_MAX_TOKENS) == "side"
     assert es.shared_strategy(es.SHARED_SIDE_MAX_TOKENS + 1) == "cublas_side"

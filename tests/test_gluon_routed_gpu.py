@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops.routed.expert_schedule import SharedExpert, run_experts, shared_strategy
+from latent_moe_fusion.ops.routed.expert_schedule import SharedExpert, run_experts
 from latent_moe_fusion.ops.routed.gluon import regs_path_reason
 from latent_moe_fusion.ops.routed.producer_config import decode_block_m
+from latent_moe_fusion.ops.routed.schedule_rules import shared_strategy
 from tests.expert_problems import BETA, EPS, LIN_BETA, make_problem, rel_l2, tolerance
 from tests.float64_reference import routed64
 from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from latent_moe_fusion.ops.common.reference_math import expert_weight, situ
-from latent_moe_fusion.ops.routed import expert_schedule
+from latent_moe_fusion.ops.routed import expert_schedule, routed_plan
 from latent_moe_fusion.ops.routed.producer_config import pick_config
 from tests.expert_problems import make_problem, rel_l2, tolerance
 
@@ -55,7 +55,7 @@ class RegsStandIn:
 @pytest.fixture
 def stand_in(monkeypatch) -> RegsStandIn:
     regs = RegsStandIn()
-    monkeypatch.setattr(expert_schedule, "regs_path_reason", lambda *args: None)
+    monkeypatch.setattr(routed_plan, "regs_reason", lambda *args: None)
     monkeypatch.setattr(expert_schedule, "launch_routed_l1", regs.l1)
     monkeypatch.setattr(expert_schedule, "launch_routed_l2", regs.l2)
     return regs
@@ -69,7 +69,7 @@ def _config():
 
 @pytest.mark.parametrize("max_rows,picks_regs", [(256, True), (2, False)])  # 2 rows: every expert holds more
 def test_both_picks_give_the_reference(max_rows, picks_regs, stand_in, monkeypatch, rng_seed):
-    monkeypatch.setattr(expert_schedule, "PREFILL_CHOICE_MAX_ROWS", max_rows)
+    monkeypatch.setattr(routed_plan, "PREFILL_CHOICE_MAX_ROWS", max_rows)
     p = make_problem(M, weight_format="mxfp4", **SIZES)
     out = torch.full_like(p.z, float("nan"))
     y = expert_schedule.run_experts(*p.routed_args(), config=_config(), out=out)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops.routed import expert_schedule, producer_config
+from latent_moe_fusion.ops.routed import expert_schedule, producer_config, routed_plan, schedule_rules
 from latent_moe_fusion.ops.routed.triton.weight_tiles import DEQUANT_LUT
 
 LOCAL_EXPERTS = 112
@@ -16,7 +16,8 @@ LOCAL_EXPERTS = 112
 def sm90(monkeypatch):
     monkeypatch.setattr(producer_config, "_has_sm90", lambda: True)
     monkeypatch.setattr(producer_config, "interpreting", lambda: False)
-    monkeypatch.setattr(expert_schedule, "interpreting", lambda: False, raising=False)
+    monkeypatch.setattr(expert_schedule, "interpreting", lambda: False)
+    monkeypatch.setattr(routed_plan, "interpreting", lambda: False)
 
 
 @pytest.mark.parametrize("m,split", [(1, (2, 2)), (2, (1, 1)), (32, (1, 1))])
@@ -47,7 +48,7 @@ def _mxfp4_weights(contiguous: bool) -> tuple[torch.Tensor, torch.Tensor]:
 def test_automatic_config_drops_tma_where_a_descriptor_cannot_be_built(sm90, contiguous):
     w13, w2 = _mxfp4_weights(contiguous)
     z = torch.zeros(1, 128, dtype=torch.bfloat16)
-    cfg = expert_schedule.resolve_config(z, 16, 2, "mxfp4", 64, None, None, w13, w2)
+    cfg = schedule_rules.resolve_config(z, 16, 2, "mxfp4", 64, None, None, w13, w2)
     assert cfg.l1.tma == contiguous
     assert cfg.l2.tma  # w2 is contiguous either way
 
@@ -56,7 +57,7 @@ def test_explicit_tma_config_on_an_unfit_weight_is_kept_and_refused_at_launch(sm
     w13, w2 = _mxfp4_weights(False)
     z = torch.zeros(1, 128, dtype=torch.bfloat16)
     chosen = producer_config.pick_config(16, "mxfp4", torch.bfloat16, 2)
-    cfg = expert_schedule.resolve_config(z, 16, 2, "mxfp4", 64, None, chosen, w13, w2)
+    cfg = schedule_rules.resolve_config(z, 16, 2, "mxfp4", 64, None, chosen, w13, w2)
     assert cfg.l1.tma  # the caller asked for it: _weight_descriptor raises with what to do
     with pytest.raises(ValueError, match="tma=False"):
         expert_schedule._weight_descriptor(w13, cfg.l1.bn, cfg.l1.bk, True)
@@ -159,13 +160,13 @@ def test_resolved_configs_are_memoised_and_follow_the_environment(sm90, monkeypa
     w13, w2 = _mxfp4_weights(True)
     z = torch.zeros(1, 128, dtype=torch.bfloat16)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    first = expert_schedule.resolve_config(z, 16, 2, "mxfp4", 64, None, None, w13, w2)
-    assert expert_schedule.resolve_config(z, 16, 2, "mxfp4", 64, None, None, w13, w2) is first
+    first = schedule_rules.resolve_config(z, 16, 2, "mxfp4", 64, None, None, w13, w2)
+    assert schedule_rules.resolve_config(z, 16, 2, "mxfp4", 64, None, None, w13, w2) is first
     tuned(producer_decode_shared_tiles="16x128")
-    narrow = expert_schedule.resolve_config(z, 16, 2, "mxfp4", 64, None, None, w13, w2)
+    narrow = schedule_rules.resolve_config(z, 16, 2, "mxfp4", 64, None, None, w13, w2)
     assert narrow.l1.bn_shared == 16 and first.l1.bn_shared != 16
     unfit, _ = _mxfp4_weights(False)
-    assert not expert_schedule.resolve_config(z, 16, 2, "mxfp4", 64, None, None, unfit, w2).l1.tma
+    assert not schedule_rules.resolve_config(z, 16, 2, "mxfp4", 64, None, None, unfit, w2).l1.tma
 
 
 def test_config_context_covers_every_variable_pick_config_reads():
@@ -225,13 +226,13 @@ def _launch_order_beside_the_regs_kernels(monkeypatch, tokens: int) -> dict:
     monkeypatch.setattr(expert_schedule, "l1_kernel", Recorder("l1"))
     monkeypatch.setattr(expert_schedule, "l2_kernel", Recorder("l2"))
     monkeypatch.setattr(expert_schedule, "launch_l1_finish", lambda *a, **k: launched.setdefault("finish", a))
-    monkeypatch.setattr(expert_schedule, "regs_path_reason", lambda *a: None)
-    monkeypatch.setattr(expert_schedule, "split_reason", lambda *a: None)
+    monkeypatch.setattr(routed_plan, "regs_reason", lambda *a: None)
+    monkeypatch.setattr(routed_plan, "split_reason", lambda *a: None)
     monkeypatch.setattr(expert_schedule, "launch_routed_l1", lambda *a, **k: launched.setdefault("routed_l1", a))
     monkeypatch.setattr(expert_schedule, "launch_routed_l2", lambda *a, **k: launched.setdefault("routed_l2", a))
     monkeypatch.setattr(expert_schedule, "launch_combine", lambda *a, **k: None)
     monkeypatch.setattr(expert_schedule, "_side_stream", lambda dev: None)
-    monkeypatch.setattr(expert_schedule, "shared_strategy", lambda m_s: "side")
+    monkeypatch.setattr(routed_plan, "shared_strategy", lambda m_s: "side")
     real_grouping = expert_schedule.group_by_expert
 
     def grouping(*args):

@@ -215,7 +215,7 @@ def test_out_of_range_ids_on_cuda_raise_after_the_deferred_check(op, rng_seed):
 def test_in_line_shared_gemms_first_or_after_l1_give_the_same_bits(routing, tuned, rng_seed):
     """At prefill sizes the producer launches its library shared GEMMs before the routed grouping (the default) or
     after the routed L1: the same kernels on one stream, so the same bits; both within tolerance of the reference."""
-    from latent_moe_fusion.ops.routed.expert_schedule import in_line_library_first
+    from latent_moe_fusion.ops.routed.schedule_rules import in_line_library_first
 
     p = make_problem(300, weight_format="mxfp4", routing=routing, device="cuda", **KIMI_RANK)
     outs = {}

@@ -204,7 +204,7 @@ def test_shared_expert_by_library_between_the_routed_grids(weight_format, monkey
 
 
 def test_grid_shared_override_rejects_unknown_values(tuned):
-    from latent_moe_fusion.ops.routed.expert_schedule import GRID_SHARED_MAX_TOKENS, grid_shared_strategy
+    from latent_moe_fusion.ops.routed.schedule_rules import GRID_SHARED_MAX_TOKENS, grid_shared_strategy
 
     assert grid_shared_strategy(1) == grid_shared_strategy(GRID_SHARED_MAX_TOKENS) == "grid"
     assert grid_shared_strategy(GRID_SHARED_MAX_TOKENS + 1) == "cublas"

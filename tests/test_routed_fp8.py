@@ -122,27 +122,29 @@ def test_the_switch_picks_fp8_at_decode_only(tokens, fp8, flag, layers, monkeypa
 
 @pytest.mark.parametrize("flag", [None, "1"])
 def test_a_default_fp8_pick_falls_back_to_the_bf16_kernels_where_they_cannot_run(flag, monkeypatch):
-    """Unset, the FP8 L1 is a default: a call its kernels cannot take (here: CPU tensors, no sm_90) gets the bf16
-    kernels' config and grouping (16 rows at 8 tokens of the Kimi K3 rank); set, the config stays and run_experts
-    says why it cannot run; a given config is never changed."""
-    from latent_moe_fusion.ops.routed.expert_schedule import fp8_fallback
+    """Unset, the FP8 L1 is a default: a call its kernels cannot take (here: no sm_90 device) gets the bf16
+    kernels' config and grouping (16 rows at 8 tokens of the Kimi K3 rank); set, the plan raises and says why; a
+    given config is never changed: the plan says why it cannot run."""
+    from latent_moe_fusion.ops.routed.routed_plan import RoutedCall, plan_for
 
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if flag is None:
         monkeypatch.delenv(pc.ROUTED_FP8_ENV, raising=False)
     else:
         monkeypatch.setenv(pc.ROUTED_FP8_ENV, flag)
     tiles = pc.GemmTiles(64, 128, 4, 4)
     cfg = pc.ProducerConfig(pc.FP8_BLOCK_M, tiles, tiles, routed_regs=True, routed_fp8=(True, False))
-    z = torch.randn(8, 512).to(torch.bfloat16)
-    w13, w2 = torch.zeros(112, 512, 256, dtype=torch.uint8), torch.zeros(112, 512, 128, dtype=torch.uint8)
-    s13, s2 = torch.zeros(112, 512, 16, dtype=torch.uint8), torch.zeros(112, 512, 8, dtype=torch.uint8)
-    got, checked = fp8_fallback(cfg, None, z, w13, w2, s13, s2, "mxfp4", 8 * 16, 112)
-    assert not checked  # the returned config's kernels were not found able to run: run_experts asks again
+    call = RoutedCall(8, 16, 112, 512, 256, "mxfp4", torch.bfloat16, None)
     if flag is None:
-        assert got.routed_fp8 == (False, False) and got.bm == pc.decode_block_m(8 * 16, 112) == 16, got
+        plan = plan_for(call, cfg, given=False)
+        assert plan.config.routed_fp8 == (False, False) and plan.config.bm == pc.decode_block_m(8 * 16, 112) == 16
+        assert plan.family == "triton" and "FP8 blocks dropped (needs an sm_90 GPU" in plan.lines()[2], plan.lines()
     else:
-        assert got is cfg
-    assert fp8_fallback(cfg, cfg, z, w13, w2, s13, s2, "mxfp4", 8 * 16, 112) == (cfg, False)
+        with pytest.raises(ValueError, match=f"{pc.ROUTED_FP8_ENV}: the FP8 routed kernels cannot take this call "
+                                             r"\(needs an sm_90 GPU"):
+            plan_for(call, cfg, given=False)
+    with pytest.raises(ValueError, match=r"config.routed_regs: the register-dequant kernels cannot take this call"):
+        plan_for(call, cfg, given=True)
 
 
 def test_fp8_kernels_compile_for_sm90_within_4_ctas_per_sm(tmp_path):
@@ -198,8 +200,8 @@ def test_an_fp8_layer_asked_for_whose_k_it_cannot_take_says_so(latent, inter, fl
     """The FP8 kernels take K in whole rounds of their rings (FP8_K_MULTIPLE). Unset, the default FP8 L1 quietly
     leaves other K to the bf16 kernels; set, the picked config raises and names the layer and K instead of
     running the bf16 kernels behind the flag's back."""
-    from latent_moe_fusion.ops.routed.expert_schedule import resolve_config
     from latent_moe_fusion.ops.routed.gluon import FP8_K_MULTIPLE
+    from latent_moe_fusion.ops.routed.schedule_rules import resolve_config
 
     monkeypatch.setattr(pc, "_is_hopper", lambda: True)
     monkeypatch.setattr(pc, "_has_sm90", lambda: True)

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latent_moe_fusion.ops.routed.expert_schedule import planned_grouping, resolve_config, run_experts
+from latent_moe_fusion.ops.routed.expert_schedule import planned_grouping, run_experts
 from latent_moe_fusion.ops.routed.fp8_split import split_e4m3
 from latent_moe_fusion.ops.routed.gluon import FP8_K_MULTIPLE, launch_routed_l1_fp8
 from latent_moe_fusion.ops.routed.producer_config import FP8_BLOCK_M, ROUTED_FP8_ENV
+from latent_moe_fusion.ops.routed.schedule_rules import resolve_config
 from latent_moe_fusion.ops.routed.triton.fp8_split_kernel import launch_split_e4m3
 from tests.expert_problems import rel_l2, tolerance
 from tests.float64_reference import routed64

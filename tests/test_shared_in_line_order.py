@@ -9,12 +9,8 @@ import torch
 
 from latent_moe_fusion import tuning
 from latent_moe_fusion.ops.routed import expert_schedule
-from latent_moe_fusion.ops.routed.expert_schedule import (
-    GRID_SHARED_MAX_TOKENS,
-    SharedExpert,
-    in_line_library_first,
-    run_experts,
-)
+from latent_moe_fusion.ops.routed.expert_schedule import SharedExpert, run_experts
+from latent_moe_fusion.ops.routed.schedule_rules import GRID_SHARED_MAX_TOKENS, in_line_library_first
 from tests.expert_problems import EPS, make_problem, rel_l2, tolerance
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU wiring test (the GPU runs the block tests)")

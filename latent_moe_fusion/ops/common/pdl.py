@@ -77,6 +77,14 @@ def device_supports_pdl(device: torch.device) -> bool:
 
 def use_pdl(site: str, device: torch.device) -> bool:
     """Whether launches of `site` on `device` go out as programmatic dependents (and their producers signal)."""
+    if device.type != "cuda":
+        return use_pdl_on(site, None)
+    return use_pdl_on(site, capability(device.index if device.index is not None else torch.cuda.current_device()))
+
+
+def use_pdl_on(site: str, device_capability: tuple[int, int] | None) -> bool:
+    """use_pdl for a device known by its capability alone (None: not a CUDA device); the routed plan asks this."""
     if site not in PDL_SITES:
         raise ValueError(f"unknown PDL site {site!r}; expected one of {', '.join(PDL_SITES)}")
-    return site in enabled_sites() and device_supports_pdl(device)
+    return (site in enabled_sites() and device_capability is not None and not envs.read("TRITON_INTERPRET")
+            and device_capability >= (9, 0))

@@ -6,7 +6,7 @@
     lmf::route_and_produce    route_and_project and the producer as one op, the shared expert first (router_fused/)
 
 Backends: reference (expert_reference.py), Triton (expert_triton_backend.py, producer_triton_backend.py: the
-schedule in expert_schedule.py launches the kernels of triton/ and gluon/), DeepGEMM (deepgemm/, optional: importing
+plan of routed_plan.py picks the kernels of triton/ and gluon/, expert_schedule.py launches them), DeepGEMM (deepgemm/, optional: importing
 it never imports deep_gemm). Importing this package defines the ops and registers their backends.
 """
 

@@ -378,7 +378,7 @@ def routed_gemv_picked(num_pairs: int) -> bool:
 # FP8 L1 1.033 / 1.037 / 1.047 / 1.038x the bf16 kernels at M = 8 / 16 / 32 / 64 (the sizes whose grouping would take
 # 16 rows), the block's output 2.4e-3 from the bf16 path's (as far as from eager: bf16 rounding). The FP8 L2 is
 # 1.01-1.05x the bf16 one in the same 8-row blocks (bench/results/routed_fp8_layers.md), less than its activations' split costs:
-# opt-in. Unset, a call the FP8 kernels cannot take runs the bf16 ones (expert_schedule.fp8_fallback); set, it raises.
+# opt-in. Unset, a call the FP8 kernels cannot take runs the bf16 ones (routed_plan.plan_for); set, it raises.
 ROUTED_FP8_ENV = "LMF_ROUTED_FP8"
 ROUTED_FP8_CHOICES = {"0": (False, False), "1": (True, False), "l1,l2": (True, True)}
 ROUTED_FP8_DEFAULT = "1"
@@ -419,7 +419,7 @@ def _device_flags(capability: tuple[int, int] | None | str) -> tuple[bool, bool]
 
 # Everything besides its arguments that pick_config reads: the environment variables and tuning overrides below and
 # the device checks. config_context() snapshots them, so that a cache of picked configs keyed on it
-# (expert_schedule.resolve_config) follows every change.
+# (schedule_rules.resolve_config) follows every change.
 CONFIG_ENVS = ("TRITON_INTERPRET", ROUTED_FP8_ENV)
 CONFIG_OVERRIDES = (REGS_OVERRIDE, PREFILL_REGS_OVERRIDE, REGS_SPLIT_OVERRIDE, SHARED_TILES_OVERRIDE,
                     SHARED_SPLIT_OVERRIDE, SHARED_L2_ROWS_OVERRIDE, SHARED_L2_K_OVERRIDE, ROUTED_GEMV_OVERRIDE)

@@ -127,8 +127,14 @@ def routed_gemv_reason(
 ) -> str | None:
     """Why these routed GEMMs cannot run on the GEMV kernels (None if they can)."""
     why = routed_gemv_shape_reason(z.shape[1], w2.shape[-1] * 2, weight_format, num_pairs, cfg, z.dtype, z.is_cuda)
-    if why is not None:
-        return why
+    return why if why is not None else routed_gemv_tensor_reason(z, w13, w2, w13_scale, w2_scale)
+
+
+def routed_gemv_tensor_reason(
+    z: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+) -> str | None:
+    """routed_gemv_reason's checks of the tensors (asked after routed_gemv_shape_reason's)."""
     for w, s in ((w13, w13_scale), (w2, w2_scale)):
         if not (w.is_contiguous() and s is not None and s.is_contiguous()) or w.data_ptr() % 16 or s.data_ptr() % 16:
             return "weights and scales must be contiguous and 16-byte aligned"

@@ -2,8 +2,8 @@
 prefill GEMMs that dequantise into shared memory for 128-row blocks (routed_staged.py), and the CUDA-core GEMVs for
 one to four tokens (gluon_routed_gemv.py, launched by routed/routed_gemv.py).
 
-Used by the Triton backend's schedule (routed/expert_schedule.py) for MXFP4 decode blocks
-on Hopper; `regs_path_reason` says why a call cannot take them (None if it can).
+Picked by the routed plan (routed/routed_plan.py) for MXFP4 blocks on Hopper; `regs_path_reason` says why a call
+cannot take them (None if it can).
 The mxfp4_regs tuning override False turns the path off (the Triton kernels then run alone, as before).
 """
 
@@ -142,16 +142,24 @@ def regs_path_reason(
     MMAs (launch_routed_l1_fp8, launch_routed_l2_fp8)."""
     device_capability = capability(z.device.index) if z.is_cuda else None
     why = regs_shape_reason(z.shape[1], w2.shape[-1] * 2, z.dtype, weight_format, block_m, fp8, device_capability)
-    if why is not None:
-        return why
+    return why if why is not None else regs_tensor_reason(w13, w2, w13_scale, w2_scale)
+
+
+def regs_tensor_reason(
+    w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None,
+) -> str | None:
+    """regs_path_reason's checks of the weights' tensors (asked after regs_shape_reason's, in this order)."""
     for w, s in ((w13, w13_scale), (w2, w2_scale)):
         if not (w.is_contiguous() and s is not None and s.is_contiguous()) or w.data_ptr() % 16:
             return "weights and scales must be contiguous with 16-byte aligned weights"
         if s.shape[-1] * MXFP4_BLOCK != w.shape[-1] * 2:
             return "scale shape does not match the weight"
-    if not _gluon_importable():
-        return "this triton has no Gluon hopper module"
-    return None
+    return gluon_missing_reason()
+
+
+def gluon_missing_reason() -> str | None:
+    """Why this Triton cannot build the register-dequant kernels though its version is served (None if it can)."""
+    return None if _gluon_importable() else "this triton has no Gluon hopper module"
 
 
 def regs_shape_reason(
