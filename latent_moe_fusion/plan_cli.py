@@ -1,5 +1,7 @@
 """`python -m latent_moe_fusion plan --m 32`: which routed-expert kernels run for M tokens, one line per decision
-with its reason (ops/routed/routed_plan.py). Defaults: one EP8 rank of Kimi K3 on sm_90."""
+with its reason (ops/routed/routed_plan.py). Defaults: one EP8 rank of Kimi K3 on sm_90. --thresholds adds the routed
+size thresholds the plan compares against: value, unit, what each decides and where it was measured
+(ops/routed/routed_thresholds.json)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--capability", type=capability, default=(9, 0),
                         help="the device's compute capability MAJOR.MINOR, or none (CPU); default 9.0")
+    parser.add_argument("--thresholds", action="store_true",
+                        help="also print every routed size threshold with its unit, what it decides and its "
+                             "measurement (device, date, rule, source)")
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -62,4 +67,13 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_routed(args.m, args.top_k, args.experts, args.latent, args.inter, args.weights,
                        getattr(torch, args.dtype), args.capability, shared_rows)
     print("\n".join(plan.lines()))
+    if args.thresholds:
+        print("\n".join(threshold_lines()))
     return 0
+
+
+def threshold_lines() -> list[str]:
+    """The routed thresholds' table, after a heading naming its file."""
+    from .ops.routed.routed_thresholds import ROUTED_THRESHOLDS
+
+    return [f"thresholds ({ROUTED_THRESHOLDS.path.name}, package data)", *ROUTED_THRESHOLDS.lines()]

@@ -5,6 +5,8 @@
   family: what two families share lives in common/.
 - Inside a family a subfolder (a kernel language or an optional library: triton/, gluon/, cute/, deepgemm/, ...)
   imports no sibling subfolder: what two of them share sits in the family's own folder or in common/.
+- Every data file (*.json) under the package is declared as package data in pyproject.toml, so that an installed copy
+  has it.
 
 Imports are read with `ast`, lazy ones inside functions included; relative imports are resolved against the module.
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "latent_moe_fusion"
+PYPROJECT = PACKAGE.parent / "pyproject.toml"
 OPS = ("latent_moe_fusion", "ops")
 COMMON = "common"
 
@@ -154,3 +157,32 @@ def test_the_name_check_fails_on_a_duplicate(toy_package):
     _write(toy_package, "ops/routed/triton/tail_kernel.py")
     assert duplicate_file_names(toy_package) == {"tail_kernel.py": [
         "latent_moe_fusion/ops/routed/triton/tail_kernel.py", "latent_moe_fusion/ops/tail/triton/tail_kernel.py"]}
+
+
+def undeclared_package_data(root: Path = PACKAGE, pyproject: Path = PYPROJECT) -> list[str]:
+    """Every data file (*.json) under the package that pyproject.toml's [tool.setuptools.package-data] does not
+    name: `pip install` would leave it out, and the code that reads it would fail in an installed copy."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    declared = tomllib.loads(pyproject.read_text())["tool"]["setuptools"].get("package-data", {})
+    missing = []
+    for path in sorted(root.rglob("*.json")):
+        package = ".".join(path.parent.relative_to(root.parent).parts)
+        if not any(path.match(str(path.parent / pattern)) for pattern in declared.get(package, ())):
+            missing.append(f"{path.relative_to(root.parent)} (add it to [tool.setuptools.package-data] {package!r})")
+    return missing
+
+
+def test_every_data_file_is_package_data():
+    missing = undeclared_package_data()
+    assert not missing, "data files that `pip install` would leave out:\n" + "\n".join(missing)
+
+
+def test_the_package_data_check_fails_on_an_undeclared_file(toy_package):
+    pyproject = toy_package.parent / "pyproject.toml"
+    pyproject.write_text('[tool.setuptools.package-data]\n"latent_moe_fusion.ops.routed" = ["declared.json"]\n')
+    _write(toy_package, "ops/routed/declared.json", "{}")
+    assert undeclared_package_data(toy_package, pyproject) == []
+    _write(toy_package, "ops/tail/cute/table.json", "{}")
+    assert undeclared_package_data(toy_package, pyproject) == [
+        "latent_moe_fusion/ops/tail/cute/table.json (add it to [tool.setuptools.package-data] "
+        "'latent_moe_fusion.ops.tail.cute')"]

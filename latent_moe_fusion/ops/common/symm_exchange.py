@@ -36,6 +36,7 @@ from __future__ import annotations
 import importlib.util
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -43,6 +44,7 @@ import torch.distributed as dist
 from latent_moe_fusion import envs
 
 from .fragment_layouts import resolve_group
+from .measured_tables import load_table
 
 ENV = "LMF_SYMM_EXCHANGE"  # "auto" (default: the measured windows), "on" (wherever the workspace fits), "off"
 CHOICES = ("auto", "on", "off")
@@ -50,10 +52,15 @@ _CODES = {"off": 0, "auto": 1, "on": 2}  # agreed across ranks by MIN: one rank'
 # Token windows (the op's output tokens M: TP every rank's M, SP the local tokens) where the symmetric path is
 # taken by default, measured on two H200 (bench/tp.py -> bench/results/tp.md). None: no bound.
 # Per method: (fragments, gather). The copies' windows from bench/results/tp.md: below 8 tokens
-# NCCL's all-to-all and all-gather took ~13 us where the copies between barriers took ~30.
+# NCCL's all-to-all and all-gather took ~13 us where the copies between barriers took ~30: measured bounds, kept in
+# exchange_thresholds.json beside this file (package data) with their rule and source. The kernel has no measured
+# window (it has not run on two GPUs): every size.
+EXCHANGE_THRESHOLDS = load_table(Path(__file__).resolve().with_name("exchange_thresholds.json"),
+                                 ("copies_fragments_min_tokens", "copies_gather_min_tokens"))
 WINDOWS: dict[str, tuple[tuple[int, int | None], tuple[int, int | None]]] = {
     "kernel": ((1, None), (1, None)),
-    "copies": ((8, None), (8, None)),
+    "copies": ((EXCHANGE_THRESHOLDS.value("copies_fragments_min_tokens"), None),
+               (EXCHANGE_THRESHOLDS.value("copies_gather_min_tokens"), None)),
 }
 # Signal channels of the workspace's signal pad (copy method): fragments and output gather each use their own pair.
 _CHANNELS = {"fragments": (0, 1), "gather": (2, 3)}

@@ -1,6 +1,7 @@
 """Tile configurations of the expert GEMMs, chosen from host-side sizes only (so every rank and
 every CUDA-graph replay uses the same kernels). Numbers come from H200 measurements; the reasons are in
-docs/design/producer.md, routed-decode.md and prefill.md.
+docs/design/producer.md, routed-decode.md and prefill.md. The size thresholds are measured data shipped with the
+package (routed_thresholds.json, each with its device, date, rule and source; routed_thresholds.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..common.device_capability import current_capability
 from .gluon import BLOCK_ROWS as REGS_BLOCK_M
 from .gluon import REGS_OVERRIDE, regs_switched_off
 from .routed_gemv import ROUTED_GEMV_MAX_PAIRS, ROUTED_GEMV_OVERRIDE, routed_gemv_setting
+from .routed_thresholds import ROUTED_THRESHOLDS
 from .triton.weight_tiles import DEQUANT_ASM_PAIRS, DEQUANT_LUT, DEQUANT_TRITON
 
 
@@ -105,7 +107,8 @@ def interpreting() -> bool:
     return envs.read("TRITON_INTERPRET")
 
 
-DECODE_PAIRS = 4096  # up to here (M * top_k) every expert holds few rows: stream weights with BM = 16
+# Up to here (M * top_k) every expert holds few rows: stream weights with BM = 16
+DECODE_PAIRS = ROUTED_THRESHOLDS.value("decode_pairs")
 DECODE_REGS_BLOCK_M = (16, 32)  # decode blocks the register-dequant kernels take as they are (64: see below)
 
 
@@ -123,7 +126,7 @@ def decode_block_m(num_pairs: int, num_experts: int) -> int:
 # K slices (L1, L2) for a single decode token: it reaches ~2 of a rank's experts, too few programs to
 # fill the GPU. H200 (docs/design/producer.md, M = 1): 88 -> 69 us with one token per row, unchanged
 # (205 us) with 8 tokens' experts per row; from M = 8 on splitting only adds partial traffic.
-SPLIT_K_MAX_PAIRS = 16
+SPLIT_K_MAX_PAIRS = ROUTED_THRESHOLDS.value("split_k_max_pairs")
 DECODE_SPLIT_K = (2, 2)
 
 REGS_SPLIT_OVERRIDE = "regs_split"  # "L1,L2": tuning override of the register-dequant kernels' K slices
@@ -170,7 +173,7 @@ REGS_SINGLE_TOKEN_SHARED_SPLIT = 4
 # unsplit; docs/design/decode-schedule.md). Four tokens keep 4 (130.7 us at M = 4 with 4 slices;
 # 141.4 with 8 on another machine, not compared in one process).
 FEW_TOKENS_SHARED_SPLIT = 8
-FEW_TOKENS_SPLIT_MAX_PAIRS = 32
+FEW_TOKENS_SPLIT_MAX_PAIRS = ROUTED_THRESHOLDS.value("few_tokens_split_max_pairs")
 
 
 def decode_shared_tiles(default: tuple[int, int] = DECODE_SHARED_TILES) -> tuple[int, int]:
@@ -312,16 +315,18 @@ def pick_config(num_pairs: int, weight_format: str, dtype: torch.dtype, num_expe
 # of it local on an EP share) every routing measured is past the crossover.
 # "0": the Triton tiles there; "16" / "32" / "64" / "128": those blocks at any size; "choice": the policy before
 PREFILL_REGS_OVERRIDE = "prefill_regs"  # tuning override
-PREFILL_REGS_FEW_ROWS = 128  # pairs per local expert, were every pair local: 32-row blocks up to here
+# Pairs per local expert, were every pair local: 32-row blocks up to here
+PREFILL_REGS_FEW_ROWS = ROUTED_THRESHOLDS.value("prefill_regs_few_rows")
 PREFILL_REGS_FEW_BLOCK_M = 32
 PREFILL_REGS_BLOCK_M = 64
-PREFILL_STAGED_MIN_ROWS = 512  # pairs per local expert, were every pair local: 128-row staged blocks beyond here
+# Pairs per local expert, were every pair local: 128-row staged blocks beyond here
+PREFILL_STAGED_MIN_ROWS = ROUTED_THRESHOLDS.value("prefill_staged_min_rows")
 PREFILL_STAGED_BLOCK_M = 128
 # prefill_regs="choice": the policy before the staged kernels, kept to compare: 32- and 64-row blocks up to
 # PREFILL_REGS_MAX_ROWS pairs per local expert counted as if every pair were local, beyond that a choice on the GPU
 # between the 64-row blocks and the Triton tiles by the local experts' mean rows (moe_align_choice.py).
 PREFILL_CHOICE_SETTING = "choice"
-PREFILL_REGS_MAX_ROWS = 4096
+PREFILL_REGS_MAX_ROWS = ROUTED_THRESHOLDS.value("prefill_regs_max_rows")
 
 
 def _prefill_rows(name: str, value: Any) -> int | str:
@@ -358,7 +363,7 @@ def prefill_regs_block_m(num_pairs: int, num_experts: int) -> int:
 # (moe_align_choice.py): above, those won up to 2341 rows and tied at 4681 (0.99x there, 1.02x in prefill_regs.md
 # before the staged kernels). Both kernel families launch; the unpicked one's programs read their block's expert (-1)
 # and exit.
-PREFILL_CHOICE_MAX_ROWS = 4096
+PREFILL_CHOICE_MAX_ROWS = ROUTED_THRESHOLDS.value("prefill_choice_max_rows")
 
 
 def prefill_device_choice() -> bool:

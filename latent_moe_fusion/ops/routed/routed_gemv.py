@@ -40,6 +40,7 @@ import triton
 from latent_moe_fusion import tuning
 
 from ..common.device_capability import capability
+from .routed_thresholds import ROUTED_THRESHOLDS
 from .triton.triton_routed_gemv import routed_gemv_kernel
 
 
@@ -79,7 +80,8 @@ class RoutedGemvConfig:
 ROUTED_GEMV_CONFIG = RoutedGemvConfig(l1_rows=2, l2_rows=2, words=64, num_warps=1, pair_programs=2, max_registers=80)
 # Tuning override: False off, True on for any decode size, or a spec L1ROWSxL2ROWSxWORDS[wW][pP][b][f][rR] (on, that shape)
 ROUTED_GEMV_OVERRIDE = "routed_gemv"
-ROUTED_GEMV_MAX_PAIRS = 64  # (token, slot) pairs up to which pick_config takes this path: four top-16 tokens
+# (token, slot) pairs up to which pick_config takes this path: four top-16 tokens
+ROUTED_GEMV_MAX_PAIRS = ROUTED_THRESHOLDS.value("routed_gemv_max_pairs")
 MAX_PAIRS = 1024  # every program ranks all ids in registers
 
 

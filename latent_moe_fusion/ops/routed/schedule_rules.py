@@ -22,6 +22,7 @@ from .producer_config import (
     pick_config,
     routed_fp8_forced,
 )
+from .routed_thresholds import ROUTED_THRESHOLDS
 
 
 def weight_layout(w: torch.Tensor) -> tuple[bool, int, int, int]:
@@ -90,14 +91,18 @@ def fit_picked(
 
 # Tuning overrides (tuning.py) of the schedule's measured choices.
 GROUP_FIRST_OVERRIDE = "group_first"  # A/B switch: True the grouping before the shared expert's side-stream fork, False after
-GROUP_AFTER_FORK_MAX_TOKENS = 1  # beside the regs kernels, up to here the grouping goes after the fork
+# Beside the regs kernels, up to here the grouping goes after the fork
+GROUP_AFTER_FORK_MAX_TOKENS = ROUTED_THRESHOLDS.value("group_after_fork_max_tokens")
 SHARED_OVERRIDE = "regs_shared"  # one of SHARED_STRATEGIES
 SHARED_STRATEGIES = ("side", "cublas", "cublas_side")
-SHARED_SIDE_MAX_TOKENS = 4  # up to here: the Triton shared grids on the side stream
-SHARED_CUBLAS_SIDE_MAX_TOKENS = 16  # up to here: cuBLAS on the side stream; beyond: cuBLAS in line
+# Up to here: the Triton shared grids on the side stream
+SHARED_SIDE_MAX_TOKENS = ROUTED_THRESHOLDS.value("shared_side_max_tokens")
+# Up to here: cuBLAS on the side stream; beyond: cuBLAS in line
+SHARED_CUBLAS_SIDE_MAX_TOKENS = ROUTED_THRESHOLDS.value("shared_cublas_side_max_tokens")
 GRID_SHARED_OVERRIDE = "grid_shared"  # for the Triton routed grids: one of GRID_SHARED_STRATEGIES
 GRID_SHARED_STRATEGIES = ("grid", "cublas")
-GRID_SHARED_MAX_TOKENS = 256  # prefill beyond: cuBLAS (measured at 4096); decode sizes keep one launch
+# Prefill beyond: cuBLAS (measured at 4096); decode sizes keep one launch
+GRID_SHARED_MAX_TOKENS = ROUTED_THRESHOLDS.value("grid_shared_max_tokens")
 
 
 SHARED_IN_LINE_OVERRIDE = "shared_in_line"  # A/B switch for the in-line library GEMMs: "first" | "after_l1"

@@ -10,9 +10,12 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from latent_moe_fusion import tuning
+
+from ..measured_tables import load_table
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,9 @@ class TailConfig:
 # at M = 1, 1024 columns loaded before a PDL wait. H200, K = 3584, N = 7168, R = 8 (bench/results/tail_gemv.md): 15.4 /
 # 17.9 us at M = 1 / 2 against 18.0 / 18.6 for the swap-AB kernel; 8 to 32 rows per program and K steps
 # pipelined through shared memory were slower; from M = 4 on the swap-AB kernel wins (docs/design/tail.md).
-GEMV_MAX_M = 2
+# The bound is measured data: tail_thresholds.json beside this file (package data), with its rule and source.
+TAIL_THRESHOLDS = load_table(Path(__file__).resolve().with_name("tail_thresholds.json"), ("gemv_max_m",))
+GEMV_MAX_M = TAIL_THRESHOLDS.value("gemv_max_m")
 GEMV_CONFIG = TailConfig("gemv", GEMV_MAX_M, 4, 512, num_warps=1, num_stages=1, preload_k=1024)
 # What serves M <= 2 with the tail_gemv override "off" (and served it before the GEMV).
 FEW_TOKENS_SWAP = TailConfig("swap", 16, 64, 128, num_warps=4, num_stages=5, split_k=2)

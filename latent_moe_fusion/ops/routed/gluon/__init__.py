@@ -18,6 +18,7 @@ from latent_moe_fusion import envs, tuning
 from ...common.device_capability import capability
 from ...common.mxfp4 import BLOCK as MXFP4_BLOCK
 from ...common.triton_compat import gluon_unsupported_reason
+from ..routed_thresholds import ROUTED_THRESHOLDS
 
 REGS_OVERRIDE = "mxfp4_regs"  # tuning override; read by producer_config.regs_enabled too (the picked config)
 BLOCK_ROWS = (16, 32, 64, 128)  # rows per expert block the kernels take (the MMA's N at most; decode: 16, 32)
@@ -50,7 +51,7 @@ ROW_TILES = (16 * L1_WARPS, 16 * L2_WARPS)  # weight rows per program (16 per wa
 # against 216 us on the cp.async ring since the TMA ring's single activation buffer ended its spills, 249
 # against 218 before). Beyond the pairs measured, L2 keeps the cp.async ring.
 WEIGHT_RINGS = {"loads": ("loads", 0), "cp2": ("cp", 2), "cp4": ("cp", 4), "tma": ("tma", 4)}
-L2_TMA_MAX_PAIRS = 2048
+L2_TMA_MAX_PAIRS = ROUTED_THRESHOLDS.value("l2_tma_max_pairs")
 
 
 def default_rings(num_pairs: int, block_m: int = 32) -> tuple[str, str]:

@@ -46,6 +46,7 @@ from ...common.route_math import router_logits
 from ...common.side_streams import side_stream
 from ..backend_dispatch import _run_routed_backend
 from ..producer_op import _validate_producer
+from ..routed_thresholds import ROUTED_THRESHOLDS
 from .down_projection import project_down
 from .route_and_project import route_and_project_cuda, route_and_project_reference, validate_route_and_project
 
@@ -53,10 +54,11 @@ OP = "route_and_produce"
 # Tuning override (A/B switch): True always shared-first, False never; None: by token count. (Whether the fusion pass
 # inserts this op at all is FusionConfig.shared_first.)
 SHARED_FIRST_OVERRIDE = "shared_first_schedule"
-SHARED_FIRST_MIN_TOKENS = 5  # below: the producer's Triton shared grids beside the routed GEMV kernels win
+# Below: the producer's Triton shared grids beside the routed GEMV kernels win
+SHARED_FIRST_MIN_TOKENS = ROUTED_THRESHOLDS.value("shared_first_min_tokens")
 # Above: prefill, outside CUDA graphs, where the extra host time before the first launch delays the forward;
 # the fusion pass does not insert the op for a static batch above it (fusion_pass/router_overlap.py).
-SHARED_FIRST_MAX_TOKENS = 128
+SHARED_FIRST_MAX_TOKENS = ROUTED_THRESHOLDS.value("shared_first_max_tokens")
 # In which order the three branches of the shared-first schedule are launched (A/B switch): a permutation of
 # "shared", "router" (router GEMM, route, grouping) and "down" (the down-projection). Every side stream forks
 # before any of them, so the order only decides which kernels the GPU starts first: the cuBLAS GEMMs of each
@@ -66,7 +68,7 @@ SHARED_FIRST_MAX_TOKENS = 128
 # and 128. Hence the router chain first up to ROUTER_FIRST_MAX_TOKENS tokens, the shared expert first beyond.
 SHARED_FIRST_ORDER_OVERRIDE = "shared_first_order"  # tuning override
 SHARED_FIRST_BRANCHES = ("shared", "router", "down")
-ROUTER_FIRST_MAX_TOKENS = 32
+ROUTER_FIRST_MAX_TOKENS = ROUTED_THRESHOLDS.value("router_first_max_tokens")
 # Which branches of the shared-first schedule go on urgent (high-priority) streams (ops/common/side_streams.py), so that
 # the block scheduler gives them SM slots before the shared expert's GEMMs: "none"; "route" (the router
 # chain and the down-projection, which the routed L1 waits for; the routed experts on the caller's stream);
@@ -76,7 +78,7 @@ ROUTER_FIRST_MAX_TOKENS = 32
 # beyond 8 tokens urgency costs 3-4.5 us at M = 16, is within 1.2 us at 32 and 64 and costs 6-9 us at 128.
 SHARED_FIRST_URGENT_OVERRIDE = "shared_first_urgent"  # tuning override
 SHARED_FIRST_URGENT_CHOICES = ("none", "route", "all")
-URGENT_MAX_TOKENS = 8
+URGENT_MAX_TOKENS = ROUTED_THRESHOLDS.value("urgent_max_tokens")
 
 
 def validate_route_and_produce(*args) -> tuple[int, int, int, int]:

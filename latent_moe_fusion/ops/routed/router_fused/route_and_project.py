@@ -31,6 +31,7 @@ from ...common.input_checks import _fail, check_tensor, validate_route_scalars
 from ...common.op_library import _define
 from ...common.route_math import route_reference, router_logits
 from ...common.side_streams import side_stream
+from ..routed_thresholds import ROUTED_THRESHOLDS
 from .down_projection import project_down
 
 OP = "route_and_project"
@@ -41,7 +42,7 @@ OVERLAP_OVERRIDE = "router_overlap_streams"
 # Side by side up to this many tokens. H200, Kimi K3 rank, CUDA graph, us (one stream / two): M = 1
 # 29.7 / 23.5, M = 32 33.7 / 25.6, M = 64 35.5 / 27.3, M = 128 34.9 / 36.9 (bench/results/router_overlap.md).
 # The fusion pass does not insert the op for a static batch above it (fusion_pass/router_overlap.py).
-OVERLAP_MAX_TOKENS = 64
+OVERLAP_MAX_TOKENS = ROUTED_THRESHOLDS.value("overlap_max_tokens")
 # Which branch is launched first when they run side by side (A/B switch): "router" (default: the router chain
 # first on the caller's stream, then the down-projection on the side stream) or "down" (the down-projection
 # first, on the side stream; the router chain after it on the caller's stream). Either way the side stream

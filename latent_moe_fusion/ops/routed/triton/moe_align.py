@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..routed_thresholds import ROUTED_THRESHOLDS
+
 
 @dataclass(frozen=True)
 class Grouping:
@@ -140,7 +142,8 @@ def _owner_chunk(nb_max: int) -> int:
     return min(64, triton.next_power_of_2(nb_max))
 
 
-SPREAD_MIN_PAIRS = 8192  # from here the grouping runs over many programs (M >= 512 at top-16)
+# From here the grouping runs over many programs (M >= 512 at top-16)
+SPREAD_MIN_PAIRS = ROUTED_THRESHOLDS.value("spread_min_pairs")
 SPREAD_CHUNK = 1024  # pairs per program of the spread kernels
 # The one-program kernel is a chain of dependent steps (histogram, prefix sum, fills, atomics): more warps and
 # longer chunks shorten each. H200, Kimi K3 rank (112 local experts, top-16), CUDA graph (docs/design/routed-decode.md,
