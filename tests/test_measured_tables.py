@@ -13,7 +13,7 @@ from latent_moe_fusion.__main__ import main
 from latent_moe_fusion.ops.common import symm_exchange
 from latent_moe_fusion.ops.common.measured_tables import MeasuredTableError, load_table
 from latent_moe_fusion.ops.common.tail_gemm import tail_gemm_configs
-from latent_moe_fusion.ops.routed import expert_schedule, gluon, producer_config, routed_gemv, routed_thresholds
+from latent_moe_fusion.ops.routed import gluon, producer_config, routed_gemv, routed_thresholds, schedule_rules
 from latent_moe_fusion.ops.routed.router_fused import route_and_produce, route_and_project
 from latent_moe_fusion.ops.routed.triton import moe_align
 
@@ -24,7 +24,7 @@ TABLES = {
     "exchange": symm_exchange.EXCHANGE_THRESHOLDS,
 }
 # The routed table's readers: each entry is the constant of the same name in upper case in one of these modules.
-ROUTED_READERS = (producer_config, expert_schedule, routed_gemv, gluon, moe_align, route_and_project, route_and_produce)
+ROUTED_READERS = (producer_config, schedule_rules, routed_gemv, gluon, moe_align, route_and_project, route_and_produce)
 
 # The values the code used before they moved into the tables: the tables must reproduce them (a re-measurement that
 # changes one updates it here too, in the same commit).
@@ -78,7 +78,7 @@ def test_the_other_constants_read_their_entries():
     assert symm_exchange.WINDOWS["copies"] == ((exchange.value("copies_fragments_min_tokens"), None),
                                                (exchange.value("copies_gather_min_tokens"), None))
     # derived, not a table entry: the in-line shared GEMMs go first where the grids' shared tiles stop
-    assert expert_schedule.SHARED_IN_LINE_FIRST_MIN_TOKENS == expert_schedule.GRID_SHARED_MAX_TOKENS + 1
+    assert schedule_rules.SHARED_IN_LINE_FIRST_MIN_TOKENS == schedule_rules.GRID_SHARED_MAX_TOKENS + 1
 
 
 def test_a_table_is_read_only():

@@ -20,10 +20,10 @@ NAMES = (
     "prefill_regs_max_rows",  # producer_config
     "prefill_choice_max_rows",  # producer_config
     "spread_min_pairs",  # triton/moe_align
-    "group_after_fork_max_tokens",  # expert_schedule
-    "shared_side_max_tokens",  # expert_schedule
-    "shared_cublas_side_max_tokens",  # expert_schedule
-    "grid_shared_max_tokens",  # expert_schedule
+    "group_after_fork_max_tokens",  # schedule_rules
+    "shared_side_max_tokens",  # schedule_rules
+    "shared_cublas_side_max_tokens",  # schedule_rules
+    "grid_shared_max_tokens",  # schedule_rules
     "overlap_max_tokens",  # router_fused/route_and_project
     "shared_first_min_tokens",  # router_fused/route_and_produce
     "shared_first_max_tokens",  # router_fused/route_and_produce
