@@ -390,6 +390,11 @@ ROUTED_FP8_DEFAULT = "1"
 FP8_BLOCK_M = 8  # rows per block on that path: most of a decode batch's hit experts hold a few rows (bench/results/routed_fp8.md)
 
 
+def routed_switches() -> tuple[str, str]:
+    """The raw values of the environment variables the routed plan's rules read (routed_plan.py memoises by them)."""
+    return envs.raw("TRITON_INTERPRET"), envs.raw(ROUTED_FP8_ENV)
+
+
 def routed_fp8_forced() -> bool:
     """Whether ROUTED_FP8_ENV is set (to anything but empty): the FP8 path then raises where it cannot run."""
     return envs.is_set(ROUTED_FP8_ENV)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from latent_moe_fusion import envs, tuning
+from latent_moe_fusion import tuning
 
 from ..common.device_capability import capability as device_capability
 from ..common.pdl import use_pdl_on
@@ -46,6 +46,7 @@ from .producer_config import (
     interpreting,
     pick_config,
     routed_fp8_forced,
+    routed_switches,
     rows_per_expert,
 )
 from .routed_gemv import RoutedGemvConfig, routed_gemv_setting, routed_gemv_shape_reason, routed_gemv_tensor_reason
@@ -199,9 +200,8 @@ def _ideal_layouts(latent: int, inter: int, weight_format: str) -> tuple[tuple, 
     return (True, latent * 2, 0, 2), (True, inter * 2, 0, 2)
 
 
-# The environment variables the plan's rules read (the tuning overrides are read whole): with them, the plan of a
-# call is memoised, since working it out costs tens of microseconds of host time per call (GPU idle at prefill).
-PLAN_ENVS = ("TRITON_INTERPRET", ROUTED_FP8_ENV)
+# The environment variables the plan's rules read (producer_config.routed_switches) and the tuning overrides key the
+# memoised plans: working a plan out costs tens of microseconds of host time per call, GPU idle time at prefill.
 
 
 def plan_for(
@@ -212,7 +212,7 @@ def plan_for(
     the config, so that a kernel it asks for and the call cannot take raises instead of falling back; picked:
     pick_config's config before fitting (for the reasons only)."""
     return _memoised_plan(call, cfg, given, picked, assumptions, tuning.current(),
-                          tuple(envs.raw(name) for name in PLAN_ENVS))
+                          routed_switches())
 
 
 @functools.lru_cache(maxsize=1024)
