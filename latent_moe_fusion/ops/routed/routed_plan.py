@@ -18,6 +18,7 @@ import torch
 
 from latent_moe_fusion import tuning
 
+from ..common.plan_lines import Decision, plan_lines
 from .expert_schedule import (
     _without_fp8,
     fit_picked,
@@ -47,13 +48,6 @@ ASSUMPTIONS = (
 
 
 @dataclass(frozen=True)
-class Decision:
-    name: str
-    value: str
-    reason: str
-
-
-@dataclass(frozen=True)
 class RoutedPlan:
     num_tokens: int
     num_pairs: int
@@ -72,9 +66,7 @@ class RoutedPlan:
     assumptions: tuple[str, ...] = ASSUMPTIONS
 
     def lines(self) -> list[str]:
-        width = max(len(d.name) for d in self.decisions)
-        out = [f"{d.name:<{width}}  {d.value}  ({d.reason})" for d in self.decisions]
-        return out + [f"{'assumes':<{width}}  {a}" for a in self.assumptions]
+        return plan_lines(self.decisions, self.assumptions)
 
 
 def _ideal_layouts(latent: int, inter: int, weight_format: str) -> tuple[tuple, tuple]:
