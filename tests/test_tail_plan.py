@@ -151,7 +151,7 @@ def test_the_sm_count_and_the_gemv_override_reach_the_config(hopper):
     assert plan.config.split_k > few.config.split_k  # 14 N tiles: more SMs, more K slices
     off = plan_tail(1, cute_installed=False, overrides={"tail_gemv": "off"})
     assert off.config.kernel == "swap" and off.config.block_n == FEW_TOKENS_SWAP.block_n
-    assert "tail_gemv override" in _reason(off, "config")
+    assert "tail_gemv tuning override" in _reason(off, "config")
     assert plan_tail(1, cute_installed=False).kernel == "tail_gemv_kernel"
 
 

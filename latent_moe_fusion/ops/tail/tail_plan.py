@@ -73,7 +73,7 @@ def shape_problem(num_tokens: int, hidden: int, latent: int, mode: str, world_si
     if mode not in MODES:
         return f"mode must be one of {', '.join(MODES)}, got {mode!r}"
     if min(num_tokens, hidden, latent, world_size) < 1:
-        return (f"sizes must be >= 1, got M = {num_tokens}, H = {hidden}, L = {latent}, world size = {world_size}")
+        return f"sizes must be >= 1, got M = {num_tokens}, H = {hidden}, L = {latent}, world size = {world_size}"
     if mode == "local" and world_size != 1:
         return f"mode 'local' is one rank; world size {world_size} needs hidden_scatter (TP) or token_publish (SP)"
     if hidden % world_size:
@@ -217,7 +217,7 @@ def _triton_decisions(decide: Callable[[str, Any, str], None], y: torch.Tensor, 
     table = table_config(m, fp32)
     config = pick_config(m, n, k, fp32, num_sms)
     if not fp32 and m <= GEMV_MAX_M and gemv_override() is not None:
-        why = f"the tail_gemv override ({tuning.current().tail_gemv!r})"
+        why = "the tail_gemv tuning override: 'off' gives the swap-AB kernel back, a spec sets the GEMV's"
     elif config.kernel == "gemv":
         why = f"table_config: the CUDA-core GEMV serves M <= GEMV_MAX_M = {GEMV_MAX_M} (a weight stream)"
     else:
