@@ -1,12 +1,13 @@
 """Command line: `python -m latent_moe_fusion demo`, `python -m latent_moe_fusion inspect [--tp N] [--sp]` and
-`python -m latent_moe_fusion switches [--markdown]` and `python -m latent_moe_fusion plan --m M`."""
+`python -m latent_moe_fusion switches [--markdown]`, `python -m latent_moe_fusion plan --m M` and
+`python -m latent_moe_fusion plan-tail --m M`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import demo, envs, graph_inspect, plan_cli
+from . import demo, envs, graph_inspect, plan_cli, plan_tail_cli
 from .cli_args import CliError
 
 
@@ -33,6 +34,8 @@ COMMANDS = {
     "demo": (demo, "eager vs compiled vs compiled + fused on the reference block"),
     "inspect": (graph_inspect, "post-grad graph before and after the fusion pass, and a summary"),
     "plan": (plan_cli, "which routed-expert kernels run for M tokens, and why (one line per decision)"),
+    "plan-tail": (plan_tail_cli, "which latent-tail backend and kernel run for M tokens, and why (one line per "
+                                 "decision)"),
     "switches": (_Switches, "the operator's environment variables as set here, and the tuning overrides "
                             "(docs/switches.md)"),
 }

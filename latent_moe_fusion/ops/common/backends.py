@@ -67,9 +67,17 @@ def _check_forced_name(op: str, forced: str, candidates: list[Backend]) -> None:
                          "or unset")
 
 
-def _reason(backend: Backend, device_type: str, *args: Any) -> Reason:
+def device_reason(backend: Backend, device_type: str) -> Reason:
+    """Why the backend cannot run on this device type; None if it can."""
     if device_type not in backend.device_types:
         return f"runs on {backend.device_types}, not {device_type}"
+    return None
+
+
+def _reason(backend: Backend, device_type: str, *args: Any) -> Reason:
+    reason = device_reason(backend, device_type)
+    if reason is not None:
+        return reason
     reason = backend.available()
     return reason if reason is not None else backend.supports(*args)
 
@@ -82,6 +90,13 @@ def explain(op: str, device_type: str, *args: Any) -> list[tuple[str, Reason]]:
 def select_backend(op: str, device_type: str, *args: Any) -> Backend:
     """The first backend in priority order that can run the arguments (the forced one, if any). Stops at
     the first that can: every reason costs host time on each call (tens of us for all of an op's)."""
+    return first_runnable(op, lambda backend: _reason(backend, device_type, *args), device_type)
+
+
+def first_runnable(op: str, reason_of: Callable[[Backend], Reason], device_type: str) -> Backend:
+    """select_backend's rule with the reasons given by reason_of(backend) (None: it can run): the forced backend
+    if any, else the first in priority order. The plans (ops/tail/tail_plan.py) answer for a device they do not
+    have through it."""
     forced = forced_backend_name(op)
     candidates = backends_for(op)
     if forced is not None:
@@ -89,12 +104,12 @@ def select_backend(op: str, device_type: str, *args: Any) -> Backend:
         if not chosen:
             _check_forced_name(op, forced, candidates)
         if chosen:
-            reason = _reason(chosen[0], device_type, *args)
+            reason = reason_of(chosen[0])
             if reason is not None:
                 raise RuntimeError(f"lmf::{op}: backend {forced!r} was forced (LMF_BACKEND*) but cannot run: {reason}")
             return chosen[0]
     for backend in candidates:
-        if _reason(backend, device_type, *args) is None:
+        if reason_of(backend) is None:
             return backend
-    detail = "; ".join(f"{n}: {r}" for n, r in explain(op, device_type, *args))
+    detail = "; ".join(f"{b.name}: {reason_of(b)}" for b in candidates)
     raise RuntimeError(f"lmf::{op}: no backend can run these arguments on {device_type} ({detail})")

@@ -165,8 +165,16 @@ def rank_tail_operands(
 
     hidden_scatter: rank q computes the output columns q*H/R.. (then all-gathers them); the other
     layouts compute every column."""
+    if mode == "hidden_scatter":  # only this layout needs the group
+        return rank_operands(y_n, w_up, ws, mode, group_size(group_name), group_rank(group_name))
+    return rank_operands(y_n, w_up, ws, mode)
+
+
+def rank_operands(
+    y_n: torch.Tensor, w_up: torch.Tensor, ws: torch.Tensor, mode: str, world: int = 1, rank: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rank_tail_operands for rank `rank` of `world` given as numbers (no process group: meta tensors suffice)."""
     if mode == "hidden_scatter":
-        cols = w_up.shape[0] // group_size(group_name)
-        q = group_rank(group_name)
-        return y_n, w_up[q * cols : (q + 1) * cols], ws
+        cols = w_up.shape[0] // world
+        return y_n, w_up[rank * cols : (rank + 1) * cols], ws
     return y_n, w_up, fragments_as_rmn(ws, mode)

@@ -69,22 +69,29 @@ def enabled_sites() -> frozenset[str]:
 
 def device_supports_pdl(device: torch.device) -> bool:
     """Hopper or newer, compiled (the interpreter runs no PTX)."""
-    if device.type != "cuda" or envs.read("TRITON_INTERPRET"):
+    if device.type != "cuda" or envs.read("TRITON_INTERPRET"):  # before touching CUDA: the interpreter may run on CPU
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return capability(index) >= (9, 0)
+    return capability_supports_pdl(capability(index))
+
+
+def capability_supports_pdl(device_capability: tuple[int, int] | None) -> bool:
+    """device_supports_pdl for a CUDA device of this capability (None: no CUDA device)."""
+    return device_capability is not None and not envs.read("TRITON_INTERPRET") and device_capability >= (9, 0)
+
+
+def site_enabled(site: str) -> bool:
+    """Whether the pdl_sites override turns `site` on."""
+    if site not in PDL_SITES:
+        raise ValueError(f"unknown PDL site {site!r}; expected one of {', '.join(PDL_SITES)}")
+    return site in enabled_sites()
 
 
 def use_pdl(site: str, device: torch.device) -> bool:
     """Whether launches of `site` on `device` go out as programmatic dependents (and their producers signal)."""
-    if device.type != "cuda":
-        return use_pdl_on(site, None)
-    return use_pdl_on(site, capability(device.index if device.index is not None else torch.cuda.current_device()))
+    return site_enabled(site) and device_supports_pdl(device)
 
 
 def use_pdl_on(site: str, device_capability: tuple[int, int] | None) -> bool:
-    """use_pdl for a device known by its capability alone (None: not a CUDA device); the routed plan asks this."""
-    if site not in PDL_SITES:
-        raise ValueError(f"unknown PDL site {site!r}; expected one of {', '.join(PDL_SITES)}")
-    return (site in enabled_sites() and device_capability is not None and not envs.read("TRITON_INTERPRET")
-            and device_capability >= (9, 0))
+    """use_pdl for a device of this capability (the plans: ops/tail/tail_plan.py)."""
+    return site_enabled(site) and capability_supports_pdl(device_capability)

@@ -25,6 +25,7 @@ from latent_moe_fusion import tuning
 
 from ..common.device_capability import capability as device_capability
 from ..common.pdl import use_pdl_on
+from ..common.plan_lines import Decision, plan_lines
 from .gluon import (
     STAGED_BLOCK_ROWS,
     STEP_K,
@@ -68,13 +69,6 @@ ASSUMPTIONS = (
     "activations with unit column stride and even row stride / offset (else: no routed GEMV)",
     "shared-expert K tiles fitted to the routed K only (the shared expert's H and I_s may shrink them)",
 )
-
-
-@dataclass(frozen=True)
-class Decision:
-    name: str
-    value: str
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -133,9 +127,7 @@ class RoutedPlan:
     assumptions: tuple[str, ...] = ()
 
     def lines(self) -> list[str]:
-        width = max(len(d.name) for d in self.decisions)
-        out = [f"{d.name:<{width}}  {d.value}  ({d.reason})" for d in self.decisions]
-        return out + [f"{'assumes':<{width}}  {a}" for a in self.assumptions]
+        return plan_lines(self.decisions, self.assumptions)
 
 
 def regs_reason(call: RoutedCall, block_m: int, fp8: tuple[bool, bool]) -> str | None:

@@ -115,6 +115,11 @@ def _tma_ok(a: torch.Tensor, w: torch.Tensor) -> bool:
     )
 
 
+def uses_descriptors(config: TailConfig, a: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether a launch of `config` reads a and w through tensor descriptors (a _tma kernel on operands that allow)."""
+    return config.kernel.endswith("_tma") and _tma_ok(a, w)
+
+
 PREFETCH_OVERRIDE = "tail_prefetch"  # tuning override of TAIL_PREFETCH_STEPS (benchmarks)
 TAIL_PREFETCH_STEPS = 2  # K steps of each weight row sent to L2 before a dependent decode tail waits (H200, M = 1:
 # 2 steps best of 0 / 2 / 4 / 7 / 14, whole slices slowest; docs/design/decode-schedule.md)
@@ -146,6 +151,17 @@ def _frag_group(config: TailConfig, r: int) -> int:
     return max((g for g in range(1, r + 1) if r % g == 0 and (g == 1 or g * regs_per_fragment <= 64)), default=1)
 
 
+def launch_grid(config: TailConfig, m: int, n: int, num_sms: int) -> tuple[int, ...]:
+    """The grid a launch of `config` runs for out [M, N]: the GEMV one program per BLOCK_N rows; swap-AB (N tiles,
+    K slices); tiles one program per output tile, or one per SM looping over them (persistent)."""
+    if config.kernel == "gemv":
+        return (_cdiv(n, config.block_n),)
+    if config.kernel.startswith("swap"):
+        return (_cdiv(n, config.block_n), config.split_k)
+    tiles = _cdiv(m, config.block_m) * _cdiv(n, config.block_n)
+    return (min(tiles, num_sms) if config.persistent else tiles,)
+
+
 def launch_gemv(a: torch.Tensor, w: torch.Tensor, frags: torch.Tensor, out: torch.Tensor, config: TailConfig,
                 pdl: bool) -> torch.Tensor:
     """out = round(((a @ w^T) + frags[0]) + ...) by the CUDA-core GEMV (tail_gemv.py). pdl: launch as a
@@ -156,7 +172,7 @@ def launch_gemv(a: torch.Tensor, w: torch.Tensor, frags: torch.Tensor, out: torc
         raise ValueError(f"launch_gemv: config {config.label()} does not serve M = {m} (a gemv config with "
                          f"block_m >= M is needed)")
     block_m, block_k, preload_k = gemv_block_sizes(m, config.block_k, config.preload_k, k)
-    tail_gemv_kernel[(_cdiv(n, config.block_n),)](
+    tail_gemv_kernel[launch_grid(config, m, n, _num_sms(a.device))](
         a, w, frags, out, m, n, k,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), *frags.stride(), *out.stride(),
         R=frags.shape[0], BLOCK_N=config.block_n, BLOCK_M=block_m, BLOCK_K=block_k, PRELOAD_K=preload_k,
@@ -196,9 +212,9 @@ def tail_fused(
     if config.kernel in ("swap", "swap_tma"):
         if config.block_m < m:
             raise ValueError(f"swap config {config.label()} serves M <= {config.block_m}, got M = {m}")
-        split = config.split_k
+        grid = launch_grid(config, m, n, _num_sms(a.device))
+        tiles, split = grid
         steps_per_split = _cdiv(_cdiv(k, config.block_k), split)
-        tiles = _cdiv(n, config.block_n)
         if split > 1:
             part = torch.empty((split, m, n), dtype=torch.float32, device=a.device)
             counters = _counters(a.device, tiles, counter_user)
@@ -211,31 +227,30 @@ def tail_fused(
             FRAG_GROUP=_frag_group(config, r), DOT_FP32=dot_fp32, PRECISION=precision,
             num_warps=config.num_warps, num_stages=config.num_stages, PDL=pdl, launch_pdl=pdl,
         )
-        if config.kernel == "swap_tma" and _tma_ok(a, w):
+        if uses_descriptors(config, a, w):
             from triton.tools.tensor_descriptor import TensorDescriptor
 
             a_desc = TensorDescriptor.from_tensor(a, [config.block_m, config.block_k])
             w_desc = TensorDescriptor.from_tensor(w, [config.block_n, config.block_k])
-            tail_swap_tma_kernel[(tiles, split)](
+            tail_swap_tma_kernel[grid](
                 a_desc, w_desc, frags, out, part, counters, m, n, k, steps_per_split, *frag_strides, *out_strides,
                 **meta,
             )
             return out
-        tail_swap_kernel[(tiles, split)](
+        tail_swap_kernel[grid](
             a, w, frags, out, part, counters,
             m, n, k, steps_per_split,
             a.stride(0), a.stride(1), w.stride(0), w.stride(1), *frag_strides, *out_strides,
             EVEN_K=k % config.block_k == 0, PREFETCH_STEPS=_prefetch_steps(w, k, config.block_k) if pdl else 0, **meta,
         )
         return out
-    tiles = _cdiv(m, config.block_m) * _cdiv(n, config.block_n)
-    grid = (min(tiles, _num_sms(a.device)) if config.persistent else tiles,)
+    grid = launch_grid(config, m, n, _num_sms(a.device))
     common = dict(
         R=r, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         FRAG_GROUP=_frag_group(config, r), FLATTEN=config.persistent, DOT_FP32=dot_fp32, PRECISION=precision,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    if config.kernel == "tile_tma" and _tma_ok(a, w):
+    if uses_descriptors(config, a, w):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         a_desc = TensorDescriptor.from_tensor(a, [config.block_m, config.block_k])

@@ -68,20 +68,27 @@ def measured_choice() -> dict[int, str]:
     return _load_choice(given, required=True) if given else _load_choice(str(DEFAULT_CHOICE))
 
 
+NOT_INSTALLED = "nvidia-cutlass-dsl is not installed (pip install 'latent-moe-fusion[cute]')"
+
+
 @functools.cache
-def _installed() -> str | None:
+def installed() -> bool:
+    """Whether the CuTe DSL (nvidia-cutlass-dsl) is installed in this environment."""
     try:
         importlib.metadata.version("nvidia-cutlass-dsl")
     except importlib.metadata.PackageNotFoundError:
-        return "nvidia-cutlass-dsl is not installed (pip install 'latent-moe-fusion[cute]')"
-    return None
+        return False
+    return True
 
 
 def available() -> str | None:
-    reason = _installed()
-    if reason is not None:
-        return reason
-    capability = current_capability()
+    return available_on(current_capability(), installed())
+
+
+def available_on(capability: tuple[int, int] | None, cute_installed: bool) -> str | None:
+    """available() on a device of this capability (None: no CUDA device), with or without the CuTe DSL."""
+    if not cute_installed:
+        return NOT_INSTALLED
     if capability is None:
         return "no CUDA device"
     major, minor = capability
@@ -119,7 +126,12 @@ def shape_reason(y: torch.Tensor, w: torch.Tensor, frags: torch.Tensor) -> str |
 
 
 def supports(y_n, w_up, ws, mode, group_name=None) -> str | None:
-    y, w, frags = rank_tail_operands(y_n, w_up, ws, mode, group_name)
+    return rank_supports(*rank_tail_operands(y_n, w_up, ws, mode, group_name))
+
+
+def rank_supports(y: torch.Tensor, w: torch.Tensor, frags: torch.Tensor) -> str | None:
+    """supports() on this rank's operands (fragment_layouts.rank_tail_operands): the shapes, then the measured
+    table's bucket unless LMF_BACKEND_LATENT_TAIL=cute forces it."""
     reason = shape_reason(y, w, frags)
     if reason is not None or forced_backend_name(OP) == NAME:
         return reason

@@ -10,6 +10,7 @@ from ...common.device_capability import current_capability
 from ...common.fragment_layouts import gather_columns, rank_tail_operands
 from ...common.tail_gemm.tail_launch import _IMPORT_ERROR, tail_fused
 
+NAME = "triton"
 INT32_MAX = 2**31 - 1
 
 
@@ -21,9 +22,13 @@ def tail_triton(y_n: torch.Tensor, w_up: torch.Tensor, ws: torch.Tensor, mode: s
 
 
 def available() -> str | None:
+    return available_on(current_capability())
+
+
+def available_on(capability: tuple[int, int] | None) -> str | None:
+    """available() on a device of this capability (None: no CUDA device)."""
     if _IMPORT_ERROR is not None:
         return _IMPORT_ERROR
-    capability = current_capability()
     if capability is None:
         return "no CUDA device"
     major, minor = capability
@@ -47,7 +52,7 @@ def supports(y_n, w_up, ws, mode, group_name=None) -> str | None:
 register_backend(
     Backend(
         op="latent_tail",
-        name="triton",
+        name=NAME,
         priority=10,
         device_types=("cuda",),
         fn=tail_triton,
