@@ -36,6 +36,7 @@ import triton
 
 from latent_moe_fusion import tuning
 
+from ..common.element_offsets import needs_int64_offsets
 from ..common.pdl import use_pdl
 from ..common.side_streams import side_stream
 from .gluon import (
@@ -475,7 +476,9 @@ def run_experts(
     tiles_r2 = triton.cdiv(latent, cfg.l2.bn)
     grid1 = (sh_l1 + nb_triton * tiles_r1) * split1
     grid2 = sh_l2 + nb_triton * tiles_r2 * split2
-    common = dict(BM=grid_bm, MXFP4=mxfp4, DEQUANT=cfg.dequant, INTERPRET=interp, DOT_PREC=prec)
+    # An operand of the Triton grids past int32 offsets (the activation rows first): they then index in int64.
+    large = needs_int64_offsets(z, act, x_s, act_s, s_out)
+    common = dict(BM=grid_bm, MXFP4=mxfp4, DEQUANT=cfg.dequant, INTERPRET=interp, DOT_PREC=prec, LARGE_OFFSETS=large)
     side = _side_stream(dev) if shared_how in ("side", "cublas_side") else None
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(dev))
