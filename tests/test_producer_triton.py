@@ -6,11 +6,13 @@ import pytest
 import torch
 
 from latent_moe_fusion.ops.common.backends import backends_for
+from latent_moe_fusion.ops.routed import expert_schedule
 from latent_moe_fusion.ops.routed import expert_triton_backend as routed_backend
 from latent_moe_fusion.ops.routed import producer_triton_backend as producer_backend
 from latent_moe_fusion.ops.routed.expert_schedule import SharedExpert, run_experts
 from latent_moe_fusion.ops.routed.producer_config import GemmTiles, ProducerConfig, pick_config
 from tests.expert_problems import make_problem, rel_l2, tolerance
+from tests.launch_spy import LaunchSpy
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SIZES = dict(latent=64, inter=32, num_experts=8, top_k=4, hidden=64, inter_s=32)
@@ -212,3 +214,27 @@ def test_grid_shared_override_rejects_unknown_values(tuned):
     assert grid_shared_strategy(4096) == "grid"
     with pytest.raises(ValueError, match="grid_shared='side': expected one of grid, cublas"):
         tuned(grid_shared="side")
+
+
+@pytest.mark.parametrize("weight_format", ["bf16", "mxfp4"])
+def test_int64_offsets_change_no_value(weight_format, monkeypatch, rng_seed):
+    """LARGE_OFFSETS (int64 row offsets in the Triton grids, set where the activation rows or another operand reach
+    past int32) reaches both launches and computes the same bits as the int32 build, routed and shared tiles alike:
+    here forced on at a small size."""
+    p = make_problem(11, weight_format=weight_format, device=DEVICE, **SIZES)
+    seen = []
+    for kernel in ("l1_kernel", "l2_kernel"):
+        monkeypatch.setattr(expert_schedule, kernel, LaunchSpy(getattr(expert_schedule, kernel), "LARGE_OFFSETS", seen))
+    outs = []
+    for large in (False, True):
+        monkeypatch.setattr(expert_schedule, "needs_int64_offsets", lambda *tensors, large=large: large)
+        s_out = torch.full_like(p.x_s, float("nan"))
+        y = run_experts(*p.routed_args(), rms_weight=p.rms_weight, eps=1e-5, out=torch.full_like(p.z, float("nan")),
+                        shared=SharedExpert(p.x_s, p.w1_s, p.w3_s, p.w2_s, s_out))
+        outs.append((y, s_out))
+    assert seen == [False, False, True, True]
+    (y0, s0), (y1, s1) = outs
+    assert torch.isfinite(y1).all() and torch.isfinite(s1).all()
+    assert torch.equal(y0, y1) and torch.equal(s0, s1)
+    ref_y, ref_s = p.reference_producer()
+    assert rel_l2(y1, ref_y) < tolerance(torch.bfloat16) and rel_l2(s1, ref_s) < tolerance(torch.bfloat16)

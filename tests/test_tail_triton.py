@@ -19,6 +19,7 @@ from latent_moe_fusion.ops.common.tail_gemm.tail_gemm_configs import (
     table_config,
 )
 from latent_moe_fusion.ops.tail.triton import triton_tail_backend
+from tests.launch_spy import LaunchSpy
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run on CPU only")
 
@@ -181,3 +182,34 @@ def test_gemv_override(tuned):
         with pytest.raises(ValueError, match=f"{GEMV_OVERRIDE}='{bad}'"):
             tuned(tail_gemv=bad)
 
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_int64_offsets_change_no_value(name, monkeypatch, rng_seed):
+    """LARGE_OFFSETS (int64 element offsets, which the launcher sets where a tensor reaches past int32) reaches
+    every kernel and computes the same bits as the int32 build: here forced on at a small size."""
+    cfg = SMALL[name]
+    m = 3 if name.startswith("gemv") else 5 if name.startswith("swap") else 19
+    a = torch.randn(m, 72, dtype=torch.bfloat16)
+    w = torch.randn(45, 72, dtype=torch.bfloat16)
+    frags = _fragments(3, m, 45, torch.bfloat16, "token_publish")
+    seen, asked = [], []
+    for kernel in ("tail_gemv_kernel", "tail_swap_kernel", "tail_swap_tma_kernel", "tail_tile_kernel",
+                   "tail_tile_tma_kernel"):
+        monkeypatch.setattr(tail, kernel, LaunchSpy(getattr(tail, kernel), "LARGE_OFFSETS", seen))
+    outs = []
+    for large in (False, True):
+        def forced(*tensors, large=large):
+            asked.append(tensors)
+            return large
+
+        monkeypatch.setattr(tail, "needs_int64_offsets", forced)
+        outs.append(torch.full((m, 45), float("nan"), dtype=torch.bfloat16))
+        tail.tail_fused(a, w, frags, out=outs[-1], config=cfg)
+    assert seen == [False, True]
+    # The launcher asks about every tensor it addresses: the fragments and the output at least.
+    assert len(asked) == 2
+    for tensors, out in zip(asked, outs, strict=True):
+        assert any(t is frags for t in tensors) and any(t is out for t in tensors)
+    assert not outs[1].isnan().any() and torch.equal(outs[0], outs[1])
+    assert _rel_l2(outs[1], _ref64(a, w, frags)) < 1e-2

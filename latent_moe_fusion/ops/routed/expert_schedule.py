@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from ..common.element_offsets import needs_int64_offsets
 from ..common.side_streams import side_stream
 from .gluon import launch_routed_l1, launch_routed_l1_fp8, launch_routed_l2, launch_routed_l2_fp8
 from .producer_config import ProducerConfig, interpreting
@@ -231,8 +232,11 @@ def launch_plan(
     tiles_r2 = triton.cdiv(latent, cfg.l2.bn)
     grid1 = (sh_l1 + plan.triton_blocks * tiles_r1) * split1
     grid2 = sh_l2 + plan.triton_blocks * tiles_r2 * split2
+    # An operand of the Triton grids past int32 offsets (the activation rows first): they then index in int64 (an
+    # addressing width the buffers set, not a choice of the plan's).
+    large = needs_int64_offsets(z, act, x_s, act_s, s_out)
     common = dict(BM=grid_bm, MXFP4=mxfp4, DEQUANT=cfg.dequant, INTERPRET=interp,
-                  DOT_PREC=dot_precision(z.dtype == torch.float32))
+                  DOT_PREC=dot_precision(z.dtype == torch.float32), LARGE_OFFSETS=large)
     side = _side_stream(dev) if shared_how in ("side", "cublas_side") else None
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(dev))

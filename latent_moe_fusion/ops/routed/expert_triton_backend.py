@@ -6,13 +6,13 @@ from __future__ import annotations
 import torch
 
 from ..common.backends import Backend, Reason, register_backend
+from ..common.element_offsets import INT32_MAX
 from ..common.mxfp4 import BLOCK as MXFP4_BLOCK
 from ..common.triton_support import triton_available
 from .expert_schedule import run_experts
 
 MAX_TOP_K = 64  # the combine unrolls the slot loop
 MAX_LATENT = 16384  # the combine keeps one row of L in registers
-INT32_LIMIT = 2**31
 
 
 def routed_size_reason(z: torch.Tensor, topk_ids: torch.Tensor, w2: torch.Tensor, weight_format: str) -> Reason:
@@ -27,9 +27,12 @@ def routed_size_reason(z: torch.Tensor, topk_ids: torch.Tensor, w2: torch.Tensor
         return f"top_k = {top_k} > {MAX_TOP_K} (the combine unrolls the slots)"
     if latent > MAX_LATENT:
         return f"L = {latent} > {MAX_LATENT} (the combine holds one row in registers)"
+    # Rows past int32 element offsets are no limit: the kernels that run at prefill sizes address them in int64 (the
+    # Gluon kernels and the combine always, the Triton grids under LARGE_OFFSETS; ops/common/element_offsets.py).
+    # The grouping's row and pair indices themselves are int32.
     rows = m * top_k + min(w2.shape[0], m * top_k) * 128  # grouped rows incl. padding, largest block
-    if rows * max(inter, latent) >= INT32_LIMIT:
-        return f"M * top_k = {m * top_k} rows too many for 32-bit row offsets; split the batch"
+    if rows > INT32_MAX:
+        return f"M * top_k = {m * top_k} pairs: {rows} grouped rows pass the grouping's int32 indices; split the batch"
     return None
 
 

@@ -50,10 +50,14 @@ def tail_gemv_kernel(
     EVEN_K: tl.constexpr,
     FRAG_GROUP: tl.constexpr,
     PDL: tl.constexpr = False,
+    LARGE_OFFSETS: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
+    if LARGE_OFFSETS:  # element offsets in int64 (tensors past int32 offsets: ops/common/element_offsets.py)
+        offs_n = offs_n.to(tl.int64)
+        offs_m = offs_m.to(tl.int64)
     rows_w = tl.minimum(offs_n, N - 1)  # rows past N re-read row N - 1 and are never stored
     in_m = (offs_m < M)[:, None]
     head = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -85,7 +89,7 @@ def tail_gemv_kernel(
     mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
     f_offs = offs_m[None, :] * s_fm + offs_n[:, None] * s_fn
     o_offs = offs_m[None, :] * s_om + offs_n[:, None] * s_on
-    _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP)
+    _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP, LARGE_OFFSETS)
 
 
 def gemv_block_sizes(m: int, block_k: int, preload_k: int, k: int) -> tuple[int, int, int]:

@@ -20,6 +20,8 @@ Kernels, chosen per M bucket by tail_gemm_configs.py:
 Out-of-range W rows are clamped (they re-read row N-1 and are never stored) so that the main loops
 load W without masks; padded A rows of the swap kernel are masked (no traffic); K tails are masked only when K is not a multiple of the K step.
 `DOT_FP32` casts the dot operands to fp32: the interpreter's bf16 tl.dot is wrong (triton #11584).
+`LARGE_OFFSETS` computes element offsets in int64: the launcher sets it where some tensor reaches past int32 offsets
+(ops/common/element_offsets.py), so every other launch compiles to the int32 code.
 """
 
 from __future__ import annotations
@@ -31,12 +33,16 @@ from ..gdc import prefetch_rows_l2, wait_for_predecessor
 
 
 @triton.jit
-def _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R: tl.constexpr, GROUP: tl.constexpr):
+def _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R: tl.constexpr, GROUP: tl.constexpr,
+                             LARGE_OFFSETS: tl.constexpr):
     # Fragments are added in order r = 0..R-1, GROUP of them in flight at a time (GROUP divides R):
     # all R for small accumulators, fewer where holding them would spill the accumulator's registers.
     for r0 in tl.range(0, R, GROUP, loop_unroll_factor=1):
         for j in tl.static_range(GROUP):
-            acc += tl.load(f_ptr + (r0 + j) * s_fr + f_offs, mask=mask, other=0.0).to(tl.float32)
+            r = r0 + j
+            if LARGE_OFFSETS:
+                r = r.to(tl.int64)
+            acc += tl.load(f_ptr + r * s_fr + f_offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -44,12 +50,16 @@ def _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R:
 def _swap_epilogue(
     acc, offs_n, offs_m, pid_n, pid_k, f_ptr, out_ptr, part_ptr, count_ptr, M, N,
     s_fr, s_fm, s_fn, s_om, s_on, R: tl.constexpr, SPLIT_K: tl.constexpr, FRAG_GROUP: tl.constexpr,
+    LARGE_OFFSETS: tl.constexpr,
 ):
+    # offs_n and offs_m come in int64 where LARGE_OFFSETS; the split index joins them.
+    if LARGE_OFFSETS:
+        pid_k = pid_k.to(tl.int64)
     mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
     f_offs = offs_m[None, :] * s_fm + offs_n[:, None] * s_fn
     o_offs = offs_m[None, :] * s_om + offs_n[:, None] * s_on
     if SPLIT_K == 1:
-        _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP)
+        _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP, LARGE_OFFSETS)
     else:
         p_offs = offs_m[None, :] * N + offs_n[:, None]
         tl.store(part_ptr + pid_k * M * N + p_offs, acc, mask=mask)
@@ -62,7 +72,7 @@ def _swap_epilogue(
             for s in tl.static_range(1, SPLIT_K):
                 acc += tl.load(part_ptr + s * M * N + p_offs, mask=mask, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch (and graph replay)
-            _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP)
+            _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP, LARGE_OFFSETS)
 
 
 @triton.jit(do_not_specialize=["M", "steps_per_split"])
@@ -81,11 +91,15 @@ def tail_swap_kernel(
     PRECISION: tl.constexpr,
     PDL: tl.constexpr = False,
     PREFETCH_STEPS: tl.constexpr = 0,
+    LARGE_OFFSETS: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
+    if LARGE_OFFSETS:
+        offs_n = offs_n.to(tl.int64)
+        offs_m = offs_m.to(tl.int64)
     rows_w = tl.minimum(offs_n, N - 1)
     in_m = (offs_m < M)[None, :]  # padded A rows are masked, not re-read: no extra L2 traffic at M < 16
     # K is walked in whole BLOCK_K steps so that the compiler sees 16-byte aligned, vectorisable loads.
@@ -121,7 +135,7 @@ def tail_swap_kernel(
         a_ptrs += BLOCK_K * s_ak
 
     _swap_epilogue(acc, offs_n, offs_m, pid_n, pid_k, f_ptr, out_ptr, part_ptr, count_ptr, M, N,
-                   s_fr, s_fm, s_fn, s_om, s_on, R, SPLIT_K, FRAG_GROUP)
+                   s_fr, s_fm, s_fn, s_om, s_on, R, SPLIT_K, FRAG_GROUP, LARGE_OFFSETS)
 
 
 @triton.jit(do_not_specialize=["M", "steps_per_split"])
@@ -138,6 +152,7 @@ def tail_swap_tma_kernel(
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr = False,
+    LARGE_OFFSETS: tl.constexpr = False,
 ):
     # tail_swap_kernel with the W and A tiles fetched by the bulk copy engine; rows past M or N and
     # the K tail are zero-filled by the descriptors and cost no memory traffic.
@@ -157,8 +172,11 @@ def tail_swap_tma_kernel(
         acc = tl.dot(w, a.T, acc, input_precision=PRECISION)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
+    if LARGE_OFFSETS:
+        offs_n = offs_n.to(tl.int64)
+        offs_m = offs_m.to(tl.int64)
     _swap_epilogue(acc, offs_n, offs_m, pid_n, pid_k, f_ptr, out_ptr, part_ptr, count_ptr, M, N,
-                   s_fr, s_fm, s_fn, s_om, s_on, R, SPLIT_K, FRAG_GROUP)
+                   s_fr, s_fm, s_fn, s_om, s_on, R, SPLIT_K, FRAG_GROUP, LARGE_OFFSETS)
 
 
 @triton.jit
@@ -189,6 +207,7 @@ def tail_tile_kernel(
     FLATTEN: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
+    LARGE_OFFSETS: tl.constexpr = False,
 ):
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -196,6 +215,9 @@ def tail_tile_kernel(
         pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        if LARGE_OFFSETS:
+            offs_m = offs_m.to(tl.int64)
+            offs_n = offs_n.to(tl.int64)
         rows_a = tl.minimum(offs_m, M - 1)
         rows_w = tl.minimum(offs_n, N - 1)
         a_ptrs = a_ptr + rows_a[:, None] * s_am + offs_k[None, :] * s_ak
@@ -218,7 +240,7 @@ def tail_tile_kernel(
         mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
         f_offs = offs_m[:, None] * s_fm + offs_n[None, :] * s_fn
         o_offs = offs_m[:, None] * s_om + offs_n[None, :] * s_on
-        _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP)
+        _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP, LARGE_OFFSETS)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -235,6 +257,7 @@ def tail_tile_tma_kernel(
     FLATTEN: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
+    LARGE_OFFSETS: tl.constexpr = False,
 ):
     # Descriptors zero-fill out-of-range rows and K tails, so no clamping or masks in the main loop.
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
@@ -252,7 +275,10 @@ def tail_tile_tma_kernel(
             acc = tl.dot(a, w.T, acc, input_precision=PRECISION)
         offs_m = off_m + tl.arange(0, BLOCK_M)
         offs_n = off_n + tl.arange(0, BLOCK_N)
+        if LARGE_OFFSETS:
+            offs_m = offs_m.to(tl.int64)
+            offs_n = offs_n.to(tl.int64)
         mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
         f_offs = offs_m[:, None] * s_fm + offs_n[None, :] * s_fn
         o_offs = offs_m[:, None] * s_om + offs_n[None, :] * s_on
-        _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP)
+        _add_fragments_and_store(acc, f_ptr, out_ptr, f_offs, o_offs, mask, s_fr, R, FRAG_GROUP, LARGE_OFFSETS)

@@ -10,6 +10,10 @@ Decode launches go out as programmatic dependents where ops/common/pdl.py allows
 kernel prefetches its first weight steps to L2, the GEMV (one or two tokens) loads its first weight
 columns into registers, and both then wait for the producer's combine, which signals early.
 
+`plan_launch` is what a launch will do (its config, split and whether it can run at all) from the sizes alone:
+the Triton backend's supports() asks it too, so the two cannot disagree. Offsets past int32 are no reason to refuse:
+where some tensor reaches past them the launch sets the kernels' LARGE_OFFSETS (int64 offsets; element_offsets.py).
+
 Capture safety: a launch does no host sync and allocates only with torch.empty (the output and, for
 split-K configs, the fp32 partials). Split-K arrival counters are one int32 per N tile, kept per
 device and reset to zero by the kernel itself; they are created outside capture by `warmup()` (or
@@ -20,14 +24,16 @@ counters); a call under capture that finds no counters gets fresh zeroed ones (a
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from latent_moe_fusion import envs, tuning
 
+from ..element_offsets import needs_int64_offsets
 from ..pdl import use_pdl
-from .tail_gemm_configs import TailConfig, pick_config
+from .tail_gemm_configs import BF16_TABLE, FP32_TABLE, TailConfig, pick_config
 
 try:
     from .tail_gemv import gemv_block_sizes, tail_gemv_kernel
@@ -88,10 +94,18 @@ def _allocated_outside_graph_pools(device: torch.device) -> torch.Tensor:
     return made[0]
 
 
-def _counters(device: torch.device, tiles: int, user: str = "tail") -> torch.Tensor:
+def _counters_reason(tiles: int, user: str) -> str | None:
     slots = _COUNTER_SLOTS // len(COUNTER_USERS)
     if tiles > slots:
-        raise ValueError(f"split-K {user} with {tiles} N tiles exceeds its {slots} counters; use a larger block_n")
+        return f"split-K {user} with {tiles} N tiles exceeds its {slots} counters; use a larger block_n"
+    return None
+
+
+def _counters(device: torch.device, tiles: int, user: str = "tail") -> torch.Tensor:
+    reason = _counters_reason(tiles, user)
+    if reason is not None:
+        raise ValueError(reason)
+    slots = _COUNTER_SLOTS // len(COUNTER_USERS)
     cached = _COUNTERS.get(device)
     if cached is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -162,22 +176,54 @@ def launch_grid(config: TailConfig, m: int, n: int, num_sms: int) -> tuple[int, 
     return (min(tiles, num_sms) if config.persistent else tiles,)
 
 
-def launch_gemv(a: torch.Tensor, w: torch.Tensor, frags: torch.Tensor, out: torch.Tensor, config: TailConfig,
-                pdl: bool) -> torch.Tensor:
-    """out = round(((a @ w^T) + frags[0]) + ...) by the CUDA-core GEMV (tail_gemv.py). pdl: launch as a
-    programmatic dependent (the kernel waits for its predecessor after loading its first weights)."""
+@dataclass(frozen=True)
+class TailLaunch:
+    """What tail_fused launches for out [M, N] = a [M, K] @ w [N, K]^T + fragments (plan_launch)."""
+    config: TailConfig
+    split_k: int  # K slices of a swap kernel; > 1: fp32 partials [split_k, M, N] and one counter per N tile
+    reason: str | None  # why it cannot launch (None: it can)
+
+
+def plan_launch(m: int, n: int, k: int, fp32: bool, num_sms: int, config: TailConfig | None = None,
+                counter_user: str = "tail") -> TailLaunch:
+    """The launch tail_fused makes for these sizes (config None: the table's, split-K fitted to num_sms)."""
+    if config is None:
+        config = pick_config(m, n, k, fp32, num_sms)
+    split = config.split_k if config.kernel in ("swap", "swap_tma") else 1
+    reason = None
+    if config.kernel in ("gemv", "swap", "swap_tma") and config.block_m < m:
+        reason = f"config {config.label()} does not serve M = {m} (its kernel takes M <= {config.block_m})"
+    elif split > 1:
+        reason = _counters_reason(_cdiv(n, config.block_n), counter_user)
+    return TailLaunch(config, split, reason)
+
+
+def launch_reason(a: torch.Tensor, w: torch.Tensor, frags: torch.Tensor) -> str | None:
+    """Why tail_fused cannot take a [M, K], w [N, K], frags [R, M, N] (None: it can), from shapes alone (meta and
+    fake tensors serve). A symbolic M (a graph compiled for any batch) is checked at every bucket's largest M: the
+    answer then holds for each, and no guard on M is made."""
     m, k = a.shape
     n = w.shape[0]
-    if config.kernel != "gemv" or config.block_m < m:
-        raise ValueError(f"launch_gemv: config {config.label()} does not serve M = {m} (a gemv config with "
-                         f"block_m >= M is needed)")
+    fp32 = a.dtype == torch.float32
+    sizes = (m,) if isinstance(m, int) else tuple(bound for bound, _ in (FP32_TABLE if fp32 else BF16_TABLE))
+    num_sms = _num_sms(a.device)
+    return next((r for size in sizes if (r := plan_launch(size, n, k, fp32, num_sms).reason) is not None), None)
+
+
+def launch_gemv(a: torch.Tensor, w: torch.Tensor, frags: torch.Tensor, out: torch.Tensor, config: TailConfig,
+                pdl: bool, large_offsets: bool = False) -> torch.Tensor:
+    """out = round(((a @ w^T) + frags[0]) + ...) by the CUDA-core GEMV (tail_gemv.py) for the M <= config.block_m
+    that plan_launch lets through. pdl: launch as a programmatic dependent (the kernel waits for its predecessor
+    after loading its first weights). large_offsets: int64 element offsets."""
+    m, k = a.shape
+    n = w.shape[0]
     block_m, block_k, preload_k = gemv_block_sizes(m, config.block_k, config.preload_k, k)
     tail_gemv_kernel[launch_grid(config, m, n, _num_sms(a.device))](
         a, w, frags, out, m, n, k,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), *frags.stride(), *out.stride(),
         R=frags.shape[0], BLOCK_N=config.block_n, BLOCK_M=block_m, BLOCK_K=block_k, PRELOAD_K=preload_k,
         STAGES=config.num_stages, EVEN_K=(k - preload_k) % block_k == 0, FRAG_GROUP=_frag_group(config, frags.shape[0]),
-        PDL=pdl, num_warps=config.num_warps, launch_pdl=pdl,
+        PDL=pdl, LARGE_OFFSETS=large_offsets, num_warps=config.num_warps, launch_pdl=pdl,
     )
     return out
 
@@ -202,18 +248,19 @@ def tail_fused(
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if m == 0 or n == 0:
         return out
-    if config is None:
-        config = pick_config(m, n, k, a.dtype == torch.float32, _num_sms(a.device))
+    plan = plan_launch(m, n, k, a.dtype == torch.float32, _num_sms(a.device), config, counter_user)
+    if plan.reason is not None:
+        raise ValueError(plan.reason)
+    config = plan.config
     if config.kernel == "gemv":  # no dot operands or strides to prepare: launch_gemv takes the tensors
-        return launch_gemv(a, w, frags, out, config, pdl=use_pdl("tail", a.device) if pdl is None else pdl)
+        return launch_gemv(a, w, frags, out, config, pdl=use_pdl("tail", a.device) if pdl is None else pdl,
+                           large_offsets=needs_int64_offsets(a, w, frags, out))
     dot_fp32, precision = _dot_mode(a.dtype)
     frag_strides = frags.stride()
     out_strides = out.stride()
     if config.kernel in ("swap", "swap_tma"):
-        if config.block_m < m:
-            raise ValueError(f"swap config {config.label()} serves M <= {config.block_m}, got M = {m}")
         grid = launch_grid(config, m, n, _num_sms(a.device))
-        tiles, split = grid
+        tiles, split = grid[0], plan.split_k
         steps_per_split = _cdiv(_cdiv(k, config.block_k), split)
         if split > 1:
             part = torch.empty((split, m, n), dtype=torch.float32, device=a.device)
@@ -225,6 +272,7 @@ def tail_fused(
         meta = dict(
             R=r, BLOCK_N=config.block_n, BLOCK_M=config.block_m, BLOCK_K=config.block_k, SPLIT_K=split,
             FRAG_GROUP=_frag_group(config, r), DOT_FP32=dot_fp32, PRECISION=precision,
+            LARGE_OFFSETS=needs_int64_offsets(a, w, frags, out, part),
             num_warps=config.num_warps, num_stages=config.num_stages, PDL=pdl, launch_pdl=pdl,
         )
         if uses_descriptors(config, a, w):
@@ -248,7 +296,7 @@ def tail_fused(
     common = dict(
         R=r, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         FRAG_GROUP=_frag_group(config, r), FLATTEN=config.persistent, DOT_FP32=dot_fp32, PRECISION=precision,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        LARGE_OFFSETS=needs_int64_offsets(a, w, frags, out), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if uses_descriptors(config, a, w):
         from triton.tools.tensor_descriptor import TensorDescriptor

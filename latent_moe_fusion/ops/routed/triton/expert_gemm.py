@@ -24,6 +24,9 @@ split_k_finish.py), routed L2 slices write their own FP32 pair rows (summed by t
 Shared tiles come first in the grid (their K is the longest); routed programs past the last used
 block exit at once (the grid is a static bound, see moe_align.py). Integer arguments that change
 with the batch are not specialised on, so one compiled kernel serves every M.
+LARGE_OFFSETS casts the token and row indices to int64 before they meet a stride: the launcher sets it where the
+activation rows [blocks * BM, I] or another operand reach past int32 offsets (ops/common/element_offsets.py; the
+FP32 pair rows and split-K partials are addressed in int64 always).
 """
 
 from __future__ import annotations
@@ -104,15 +107,19 @@ def l1_kernel(
     n_shared_tiles, tiles_n_r, tiles_n_s, beta, lin_beta, h_part_ptr, hs_part_ptr, n_rows_r,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BNS: tl.constexpr, BKS: tl.constexpr, MXFP4: tl.constexpr,
     DEQUANT: tl.constexpr, INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, WDESC: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, LARGE_OFFSETS: tl.constexpr = False,
 ):
     # With SPLIT > 1 each tile's K is cut into SPLIT slices (adjacent programs); they write FP32 gate/up
     # partials and split_k.l1_finish_kernel applies SiTU to their ordered sum.
     split = tl.program_id(0) % SPLIT
     pid = tl.program_id(0) // SPLIT
     cols = tl.arange(0, BM)
+    if LARGE_OFFSETS:
+        cols = cols.to(tl.int64)
     if pid < n_shared_tiles:
         toks, valid, n, nmask = _shared_tile(pid, tiles_n_s, m_s, inter_s, BM, BNS)
+        if LARGE_OFFSETS:
+            toks = toks.to(tl.int64)
         k_lo, k_hi = _k_range(split, hidden, SPLIT, BKS)
         acc_g, acc_u = _dual_gemm(
             x_ptr, toks, valid, hidden, k_lo, k_hi, w1s_ptr, w3s_ptr, None, None, n, nmask, hidden, 0, None, 0, 0,
@@ -135,6 +142,8 @@ def l1_kernel(
             pair = tl.load(sorted_ptr + pos)
             valid = pair >= 0
             tok = tl.where(valid, pair // top_k, 0)
+            if LARGE_OFFSETS:
+                tok = tok.to(tl.int64)
             n = (q % tiles_n_r) * BN + tl.arange(0, BN)
             nmask = n < inter
             w_base = w13_ptr + expert.to(tl.int64) * stride_we
@@ -162,15 +171,19 @@ def l2_kernel(
     n_shared_tiles, tiles_n_r, tiles_n_s, num_pairs,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BNS: tl.constexpr, BKS: tl.constexpr, MXFP4: tl.constexpr,
     DEQUANT: tl.constexpr, INTERPRET: tl.constexpr, DOT_PREC: tl.constexpr, WDESC: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, LARGE_OFFSETS: tl.constexpr = False,
 ):
     # SPLIT > 1 cuts the routed tiles' K into SPLIT slices (adjacent programs), each writing its own
     # FP32 pair rows (pairs [SPLIT, num_pairs, L]) that the combine sums in slice order. The shared
     # tiles (K = I_s, short) are not split: their rounded result goes straight to the fragments.
     pid = tl.program_id(0)
     cols = tl.arange(0, BM)
+    if LARGE_OFFSETS:
+        cols = cols.to(tl.int64)
     if pid < n_shared_tiles:
         toks, valid, n, nmask = _shared_tile(pid, tiles_n_s, m_s, hidden, BM, BNS)
+        if LARGE_OFFSETS:
+            toks = toks.to(tl.int64)
         acc = _gemm(act_s_ptr, toks, valid, inter_s, 0, inter_s, w2sh_ptr, None, n, nmask, inter_s, 0, None, 0,
                     BM, BNS, BKS, False, 0, INTERPRET, DOT_PREC, False)
         out = round_to(acc, ws_ptr.dtype.element_ty, INTERPRET)

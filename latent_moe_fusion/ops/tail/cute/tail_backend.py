@@ -22,12 +22,12 @@ from latent_moe_fusion import tuning
 
 from ...common.backends import Backend, forced_backend_name, register_backend
 from ...common.device_capability import current_capability
+from ...common.element_offsets import INT32_MAX, beyond_int32_reason
 from ...common.fragment_layouts import gather_columns, rank_tail_operands
 from .tail_configs import HIDDEN_MULTIPLE, TILE_K, VEC, bucket_bound
 
 OP = "latent_tail"
 NAME = "cute"
-INT32_MAX = 2**31 - 1
 CHOICE_OVERRIDE = "cute_tail_choice"  # tuning override: the path of another choice table (tests, new measurements)
 # Package data (pyproject.toml), so that an installed wheel chooses as the checkout does.
 DEFAULT_CHOICE = Path(__file__).resolve().with_name("tail_choice.json")
@@ -119,10 +119,14 @@ def shape_reason(y: torch.Tensor, w: torch.Tensor, frags: torch.Tensor) -> str |
         return "w_up must be row-major with 16-byte aligned base and row stride"
     if frags.stride(2) != 1 or not _aligned(frags, frags.stride()[:2]):
         return "ws must be contiguous along H with 16-byte aligned base and strides"
-    largest = max(y.numel(), w.numel(), frags.numel(), m * n, frags.stride(0) * frags.shape[0])
-    if largest > INT32_MAX:
-        return f"tensors of {largest} elements exceed int32 indexing in the CuTe tail"
-    return None
+    # The kernel's layouts index in int32 (M, N, K and the strides are Int32 run-time arguments); the Triton tail
+    # takes larger tensors.
+    named = (("y_n", y), ("w_up", w), ("ws as [R, M, N]", frags))
+    for name, t in named:
+        if max(t.stride()) > INT32_MAX:
+            return f"{name} has a stride of {max(t.stride())}, beyond the CuTe tail's Int32 strides (at most {INT32_MAX})"
+    layouts = {name: (t.shape, t.stride()) for name, t in named} | {"out": ((m, n), (n, 1))}
+    return beyond_int32_reason("CuTe tail; the Triton tail takes it", layouts)
 
 
 def supports(y_n, w_up, ws, mode, group_name=None) -> str | None:

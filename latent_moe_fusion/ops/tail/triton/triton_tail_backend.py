@@ -8,10 +8,9 @@ import torch
 from ...common.backends import Backend, register_backend
 from ...common.device_capability import current_capability
 from ...common.fragment_layouts import gather_columns, rank_tail_operands
-from ...common.tail_gemm.tail_launch import _IMPORT_ERROR, tail_fused
+from ...common.tail_gemm.tail_launch import _IMPORT_ERROR, launch_reason, tail_fused
 
 NAME = "triton"
-INT32_MAX = 2**31 - 1
 
 
 def tail_triton(y_n: torch.Tensor, w_up: torch.Tensor, ws: torch.Tensor, mode: str, group_name: str | None):
@@ -40,13 +39,9 @@ def available_on(capability: tuple[int, int] | None) -> str | None:
 def supports(y_n, w_up, ws, mode, group_name=None) -> str | None:
     if y_n.dtype not in (torch.bfloat16, torch.float32):
         return f"dtype {y_n.dtype} is not served (bfloat16 or float32)"
-    m, k = y_n.shape
-    hidden = w_up.shape[0]
-    # Offsets are int32 inside the kernels; the fp32 split-K workspace holds up to 16 copies of out.
-    largest = max(y_n.numel(), w_up.numel(), ws.numel(), m * hidden * 16)
-    if largest > INT32_MAX:
-        return f"tensors of {largest} elements exceed int32 indexing in the Triton tail"
-    return None
+    # What the launcher will do for this rank's operands (its config, split-K workspace and counters): no size limit
+    # of its own, since tensors past int32 offsets get the kernels' int64 offsets.
+    return launch_reason(*rank_tail_operands(y_n, w_up, ws, mode, group_name))
 
 
 register_backend(
