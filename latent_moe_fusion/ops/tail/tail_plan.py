@@ -204,7 +204,7 @@ def _able_reason(name: str, m: int, forced: str | None) -> str:
         return (f"installed, sm_90, shapes fit; {cute_tail.DEFAULT_CHOICE.name} (measured_choice) picks cute for the "
                 f"{_bucket(m)} bucket")
     if name == triton_tail.NAME:
-        return "sm_90 or newer, dtype served, int32 offsets fit"
+        return "sm_90 or newer, dtype served, the launcher takes the shape (launch_reason)"
     return "available, takes these arguments"
 
 
