@@ -60,6 +60,9 @@ def _graph_checks(block, form: str, exchange, world: int, rank: int, seed: int) 
         dist.barrier()
         replay_without_host_sync(graph)
         worst = max(worst, rel_l2(static_out, block(fresh)))
+    del fresh
+    torch.cuda.synchronize()
+    memory_stable = torch.cuda.memory_allocated(dev) == mem_before
     replayed = []
     for x in (first, _draw(gen, world, rank, form, hidden, dev), first):  # the same input around another one
         static_x.copy_(x)
@@ -67,8 +70,7 @@ def _graph_checks(block, form: str, exchange, world: int, rank: int, seed: int) 
         replay_without_host_sync(graph)
         replayed.append(static_out.clone())
     torch.cuda.synchronize()
-    del fresh
-    res = {"worst": worst, "memory_stable": torch.cuda.memory_allocated(dev) == mem_before,
+    res = {"worst": worst, "memory_stable": memory_stable,
            "host_code_at_capture_only": (exchange.publishes, exchange.gathers) == counts,
            "captured_symmetric": captured_symmetric,
            "bitwise_replays": bool(torch.equal(replayed[0], replayed[2])),
