@@ -15,17 +15,23 @@ workspace barriers at every size) and by NCCL (`compiled+fused-nccl`: the same c
 off).
 
 Decode (TP, M tokens on every rank): one CUDA graph per variant over rotating inputs, replayed in alternating
-rounds with a barrier before each replay; prefill (M = 4096 TP, 2 x 2048 SP): CUDA events around calls back to
-back, alternating rounds. Times are each rank's medians; the table gives the slowest rank's. Floor: the rank's
-bytes and FLOPs (bench/block.py block_parts_bytes_and_flops) over the measured copy bandwidth and BF16 rate,
-communication not counted (TP decode only; SP and prefill rows give it too, for the rank's own tokens).
+rounds with a barrier before each replay; prefill (M = 4096 TP, R x 4096 / R SP): CUDA events around calls back to
+back, alternating rounds. Times are each rank's medians; the table gives the slowest rank's (every rank's row is
+gathered, each variant's largest median kept).
+
+Floor of a row (FLOOR_RULE): the rank's bytes and FLOPs (bench/block.py block_parts_bytes_and_flops; SP: with the
+shared expert over the gathered tokens) over the measured copy bandwidth and BF16 rate, plus the NVLink bytes the
+rank must send over the measured peer-write bandwidth (one large copy into the next rank's workspace, the slowest
+rank's), the slowest rank's.
+
+R = 2, 4 or 8, spawned here or started by torchrun (one host):
 
     PYTHONPATH=. python3 bench/block_tp.py --out bench/results [--world 2] [--m 8 32 128] [--prefill 4096]
+    PYTHONPATH=. torchrun --nproc-per-node 4 bench/block_tp.py --world 4 --out bench/results
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,34 +44,99 @@ import latent_moe_fusion as lmf  # noqa: E402
 from bench.block import block_parts_bytes_and_flops, compile_afresh, compiled, floor_us  # noqa: E402
 from bench.common import (  # noqa: E402
     environment,
+    init_gpu_rank,
+    launch_on_gpus,
     measure_ceilings,
     multi_gpu_arguments,
     rel_l2,
-    spawn_on_gpus,
     time_back_to_back_interleaved_ms,
     time_graphs_interleaved_ms,
     write_results,
 )
 from bench.kernel_breakdown import breakdown_markdown, kernel_times_us  # noqa: E402
+from bench.tp import peer_write_bytes_per_s  # noqa: E402
 from latent_moe_fusion.ops.common.symm_exchange import DEFAULT_METHOD  # noqa: E402
 
 EP_SIZE, SHARED_PER_RANK, SETS, ROUNDS, REPLAYS = 8, 768, 4, 5, 6
+WORLDS = (2, 4, 8)  # SP ranks hold EP shares 0 .. R-1 of EP_SIZE; the hidden size splits into R column slices
+VARIANTS = ("compiled", "compiled+fused", "compiled+fused-kernel", "compiled+fused-copies", "compiled+fused-nccl")
+RATIOS = {"compiled+fused": "fused_vs_compiled", "compiled+fused-kernel": "fused_kernel_vs_compiled",
+          "compiled+fused-copies": "fused_copies_vs_compiled", "compiled+fused-nccl": "fused_nccl_vs_compiled"}
+COLUMNS = ["form", "M", "tokens_per_rank", "compiled_us", "compiled+fused_us", "fused_vs_compiled",
+           "compiled+fused-kernel_us", "fused_kernel_vs_compiled", "compiled+fused-copies_us",
+           "fused_copies_vs_compiled", "compiled+fused-nccl_us", "fused_nccl_vs_compiled", "local_floor_us",
+           "link_floor_us", "rank_floor_us", "fused_x_rank_floor", "compiled_x_rank_floor", "compiled_per_rank_us",
+           "compiled+fused_per_rank_us", "compiled+fused-nccl_per_rank_us", "max_err", "symm_publishes",
+           "compiled+fused_matched", "timing"]
+FLOOR_RULE = ("rank_floor_us = local_floor_us + link_floor_us, the slowest rank's. local_floor_us: the rank's bytes "
+              "and FLOPs (weights it reads once, its tokens' activations; SP with the shared expert over the R "
+              "gathered token blocks) over the measured copy bandwidth and BF16 rate. link_floor_us: the NVLink bytes "
+              "the rank must send, 2 (R-1)/R M H 2 for both forms (TP: an all-reduce's reduce-scatter and all-gather "
+              "halves, which the fused form moves as fragments and output columns; SP: the tokens' all-gather and the "
+              "shared output's reduce-scatter, M the tokens of all ranks), over link_GBps, one large copy into the "
+              "next rank's symmetric workspace, the slowest rank's. Communication counted in a row with the rest: a "
+              "schedule that hides it entirely could go below the floor by at most link_floor_us.")
 
 
-def rank_block(rank: int, world: int, sequence_parallel: bool) -> lmf.KimiK3MoEBlock:
+def results_name(world: int) -> str:
+    """R = 2 keeps the name its committed results have; other R get their own files."""
+    return "block_tp" if world == 2 else f"block_tp_{world}gpu"
+
+
+def link_bytes(m: int, hidden: int, world: int, itemsize: int = 2) -> float:
+    """NVLink bytes one rank sends per block (FLOOR_RULE), TP and SP alike; m: the tokens of all ranks."""
+    return 2 * (world - 1) / world * m * hidden * itemsize
+
+
+def sp_shared_extra(block: lmf.KimiK3MoEBlock, x: torch.Tensor, world: int) -> tuple[float, float]:
+    """(bytes, FLOPs) that an SP rank's shared expert adds over block_parts_bytes_and_flops of its own tokens x: it
+    runs on the R gathered token blocks, so the other R-1 blocks are read and multiplied too."""
+    hidden, inter_s = block.cfg.hidden_size, block.shared_w2.shape[1]
+    others = (world - 1) * x.shape[0]
+    return float(others * hidden * x.element_size()), float(2 * others * 3 * hidden * inter_s)
+
+
+def local_floor_us(block: lmf.KimiK3MoEBlock, x: torch.Tensor, sp: bool, world: int,
+                   ceilings: dict[str, float]) -> float:
+    parts = list(block_parts_bytes_and_flops(block, x).values())
+    if sp:
+        parts.append(sp_shared_extra(block, x, world))
+    return floor_us(sum(p[0] for p in parts), sum(p[1] for p in parts), ceilings)
+
+
+def merge_ranks(every: list[dict[str, Any]], link_bytes_per_s: float) -> dict[str, Any]:
+    """The table's row from every rank's: each variant's time the slowest rank's median (and every rank's), the
+    ratios to compiled, the worst error of any variant and rank, and the floors (FLOOR_RULE)."""
+    world = len(every)
+    row = dict(every[0])
+    for name in VARIANTS:
+        row[f"{name}_per_rank_us"] = " / ".join(f"{r[f'{name}_us']:.1f}" for r in every)
+        row[f"{name}_us"] = max(r[f"{name}_us"] for r in every)
+    for name, ratio in RATIOS.items():
+        row[ratio] = row["compiled_us"] / row[f"{name}_us"]
+    row["max_err"] = max(r[f"{name}_err"] for r in every for name in VARIANTS)
+    row["local_floor_us"] = max(r["local_floor_us"] for r in every)
+    row["link_floor_us"] = link_bytes(row["M"], row["hidden"], world) / link_bytes_per_s * 1e6
+    row["rank_floor_us"] = row["local_floor_us"] + row["link_floor_us"]
+    row["fused_x_rank_floor"] = row["compiled+fused_us"] / row["rank_floor_us"]
+    row["compiled_x_rank_floor"] = row["compiled_us"] / row["rank_floor_us"]
+    return row
+
+
+def rank_block(device: torch.device, rank: int, world: int, sequence_parallel: bool) -> lmf.KimiK3MoEBlock:
     import torch.distributed as dist
 
     cfg = lmf.KimiK3MoEConfig().replace(shared_intermediate_size=SHARED_PER_RANK * world)
     return lmf.KimiK3MoEBlock(cfg, tp_group=dist.group.WORLD, sequence_parallel=sequence_parallel,
-                              weight_format="mxfp4", dtype=torch.bfloat16, device=f"cuda:{rank}", seed=0,
+                              weight_format="mxfp4", dtype=torch.bfloat16, device=device, seed=0,
                               ep_size=EP_SIZE, ep_rank=rank if sequence_parallel else 0, router_gemm="bf16")
 
 
-def same_draws(shape: tuple[int, ...], seed: int, rank: int | None = None) -> torch.Tensor:
+def same_draws(shape: tuple[int, ...], seed: int, device: torch.device, rank: int | None = None) -> torch.Tensor:
     """The same random batch on every rank (rank None), or rank's row block of one drawn for all ranks."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=gen)
-    return (x if rank is None else x[rank]).to("cuda", torch.bfloat16)
+    return (x if rank is None else x[rank]).to(device, torch.bfloat16)
 
 
 def with_exchange(exchange, setting: str, fn, method: str = DEFAULT_METHOD):
@@ -77,23 +148,25 @@ def with_exchange(exchange, setting: str, fn, method: str = DEFAULT_METHOD):
     return run
 
 
-def case(rank: int, world: int, form: str, m: int, ceilings: dict[str, float], exchange) -> dict[str, Any]:
-    """One (form, M) row on this rank: errors against eager, the pass's report, times and the rank's floor."""
+def case(device: torch.device, rank: int, world: int, form: str, m: int, ceilings: dict[str, float],
+         exchange) -> dict[str, Any]:
+    """One (form, M) row on this rank: errors against eager, the pass's report, times and the rank's local floor."""
     import torch.distributed as dist
 
     sp = form == "SP"
     torch.manual_seed(0)
-    block = rank_block(rank, world, sp)
+    block = rank_block(device, rank, world, sp)
     fused, fpass = compiled(block, True)
     variants = {"compiled": compiled(block, False), "compiled+fused": (with_exchange(exchange, "auto", fused), fpass),
                 "compiled+fused-kernel": (with_exchange(exchange, "on", fused, "kernel"), None),
                 "compiled+fused-copies": (with_exchange(exchange, "on", fused, "copies"), None),
                 "compiled+fused-nccl": (with_exchange(exchange, "off", fused), None)}
     local_m = m // world if sp else m
-    sets = [same_draws((world, local_m, block.cfg.hidden_size) if sp else (m, block.cfg.hidden_size), 100 + s,
-                       rank if sp else None) for s in range(SETS if m <= 128 else 1)]
+    hidden = block.cfg.hidden_size
+    sets = [same_draws((world, local_m, hidden) if sp else (m, hidden), 100 + s, device, rank if sp else None)
+            for s in range(SETS if m <= 128 else 1)]
     ref = block(sets[0])
-    row: dict[str, Any] = {"form": form, "M": m, "tokens_per_rank": local_m}
+    row: dict[str, Any] = {"form": form, "M": m, "tokens_per_rank": local_m, "hidden": hidden}
     publishes = exchange.publishes
     for name, (fn, fpass) in variants.items():
         row[f"{name}_err"] = rel_l2(fn(sets[0]), ref)
@@ -121,74 +194,56 @@ def case(rank: int, world: int, form: str, m: int, ceilings: dict[str, float], e
     row |= {f"{name}_us": ms * 1e3 for name, ms in times.items()}
     if m > 128:  # where the time goes at prefill (every rank profiles: the collectives must pair up)
         row["kernels"] = {name: kernel_times_us(lambda fn=fn: fn(sets[0]), top=10) for name, fn in fns.items()}
-    row["rank_floor_us"] = float("nan")  # SP: the shared expert runs on every rank's tokens, not counted there
-    if not sp:
-        parts = block_parts_bytes_and_flops(block, sets[0]).values()
-        row["rank_floor_us"] = floor_us(sum(p[0] for p in parts), sum(p[1] for p in parts), ceilings)
+    row["local_floor_us"] = local_floor_us(block, sets[0], sp, world, ceilings)
     return row
 
 
-def worker(rank: int, world: int, port: int, cases: list[tuple[str, int]], out: str) -> None:
+def worker(rank: int, world: int, port: int | None, cases: list[tuple[str, int]], out: str) -> None:
     import torch.distributed as dist
 
-    os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    device = init_gpu_rank(rank, world, port)
     try:
         compile_afresh()
         ceilings = measure_ceilings()
         exchange = lmf.prepare_symmetric_exchange(dist.group.WORLD, max_tokens=max(m for _, m in cases), hidden=7168)
         if exchange is None:
             raise SystemExit("no symmetric workspace on this group (see prepare_symmetric_exchange)")
+        link_bws = [None] * world
+        dist.all_gather_object(link_bws, peer_write_bytes_per_s(exchange, rank, world))
+        link_bw = min(link_bws)
         rows = []
         for form, m in cases:
-            mine = case(rank, world, form, m, ceilings, exchange)
             every = [None] * world
-            dist.all_gather_object(every, mine)
+            dist.all_gather_object(every, case(device, rank, world, form, m, ceilings, exchange))
             if rank == 0:
-                row = dict(every[0])
-                for key in ("compiled_us", "compiled+fused_us", "compiled+fused-kernel_us", "compiled+fused-copies_us",
-                            "compiled+fused-nccl_us"):
-                    row[f"{key[:-3]}_per_rank_us"] = " / ".join(f"{r[key]:.1f}" for r in every)
-                    row[key] = max(r[key] for r in every)
-                row["fused_vs_compiled"] = row["compiled_us"] / row["compiled+fused_us"]
-                row["fused_kernel_vs_compiled"] = row["compiled_us"] / row["compiled+fused-kernel_us"]
-                row["fused_copies_vs_compiled"] = row["compiled_us"] / row["compiled+fused-copies_us"]
-                row["fused_nccl_vs_compiled"] = row["compiled_us"] / row["compiled+fused-nccl_us"]
-                row["fused_x_rank_floor"] = row["compiled+fused_us"] / row["rank_floor_us"]
-                row["max_err"] = max(max(r[f"{name}_err"] for name in ("compiled", "compiled+fused",
-                                                                        "compiled+fused-kernel", "compiled+fused-copies",
-                                                                        "compiled+fused-nccl"))
-                                     for r in every)
-                rows.append(row)
-                print(row, flush=True)
+                rows.append(merge_ranks(every, link_bw))
+                print({k: v for k, v in rows[-1].items() if k != "kernels"}, flush=True)
         if rank == 0:
-            meta = environment() | {
-                "world": world, "copy_TBps": ceilings["copy_bytes_per_s"] / 1e12,
-                "bf16_TFLOPps": ceilings["bf16_flop_per_s"] / 1e12,
-                "config": f"Kimi K3, R = {world} GPUs over NCCL (NVLS off) and torch symmetric memory (unicast), each rank one EP8 share (112 of 896 MXFP4 "
-                          f"experts) and a {SHARED_PER_RANK}-wide shared-expert slice, router GEMM bf16",
-                "timing": "decode: one CUDA graph per variant over 4 rotating inputs, 5 alternating rounds of 6 replays, a "
-                          "barrier before each; prefill: CUDA events around 4 calls back to back, 5 alternating rounds; "
-                          "the slowest rank's median"}
-            kernels = {f"{r['form']} M = {r['M']}, {name} (rank 0)": table for r in rows
-                       for name, table in r.pop("kernels", {}).items()}
-            if kernels:
-                (Path(out) / "block_tp_kernels.md").write_text(
-                    "# block_tp: CUDA kernel time per kernel at prefill (profiler, rank 0)\n\n" + breakdown_markdown(kernels))
-            write_results("block_tp", rows, ["form", "M", "tokens_per_rank", "compiled_us", "compiled+fused_us",
-                                             "fused_vs_compiled", "compiled+fused-kernel_us", "fused_kernel_vs_compiled",
-                                             "compiled+fused-copies_us", "fused_copies_vs_compiled",
-                                             "compiled+fused-nccl_us", "fused_nccl_vs_compiled",
-                                             "rank_floor_us", "fused_x_rank_floor", "compiled_per_rank_us",
-                                             "compiled+fused_per_rank_us", "compiled+fused-nccl_per_rank_us",
-                                             "max_err", "symm_publishes", "compiled+fused_matched", "timing"],
-                          meta, out,
-                          notes="rank_floor_us: the rank's own bytes and FLOPs over the measured copy bandwidth and "
-                                "BF16 rate, communication not counted (TP rows only). max_err: rel. L2 against eager, "
-                                "the worst variant and rank.")
+            write_world_results(rows, world, ceilings, link_bw, out)
     finally:
         dist.destroy_process_group()
+
+
+def write_world_results(rows: list[dict[str, Any]], world: int, ceilings: dict[str, float], link_bw: float,
+                        out: str) -> None:
+    name = results_name(world)
+    meta = environment() | {
+        "world": world, "copy_TBps": ceilings["copy_bytes_per_s"] / 1e12,
+        "bf16_TFLOPps": ceilings["bf16_flop_per_s"] / 1e12, "link_GBps": link_bw / 1e9,
+        "config": f"Kimi K3, R = {world} GPUs over NCCL (NVLS off) and torch symmetric memory (unicast), each rank one "
+                  f"EP8 share (112 of 896 MXFP4 experts) and a {SHARED_PER_RANK}-wide shared-expert slice, router "
+                  "GEMM bf16",
+        "timing": f"decode: one CUDA graph per variant over {SETS} rotating inputs, {ROUNDS} alternating rounds of "
+                  f"{REPLAYS} replays, a barrier before each; prefill: CUDA events around 4 calls back to back, "
+                  f"{ROUNDS} alternating rounds; the slowest rank's median",
+        "floor": FLOOR_RULE}
+    kernels = {f"{r['form']} M = {r['M']}, {variant} (rank 0)": table for r in rows
+               for variant, table in r.pop("kernels", {}).items()}
+    if kernels:
+        (Path(out) / f"{name}_kernels.md").write_text(
+            f"# {name}: CUDA kernel time per kernel at prefill (profiler, rank 0)\n\n" + breakdown_markdown(kernels))
+    write_results(name, rows, COLUMNS, meta, out,
+                  notes="max_err: rel. L2 against eager, the worst variant and rank. Floors: the floor rule above.")
 
 
 def main() -> None:
@@ -196,8 +251,12 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="*", default=[8, 32, 128], help="TP decode sizes (tokens on every rank)")
     ap.add_argument("--prefill", type=int, nargs="*", default=[4096], help="prefill sizes, TP and SP (M tokens in all)")
     args = ap.parse_args()
+    if args.world not in WORLDS:
+        ap.error(f"--world {args.world}: one of {WORLDS} (SP ranks hold EP8 shares; H = 7168 splits R ways)")
+    if any(m % args.world for m in args.prefill):
+        ap.error(f"--prefill {args.prefill}: each size must split into {args.world} equal SP token blocks")
     cases = [("TP", m) for m in args.m] + [(form, m) for m in args.prefill for form in ("TP", "SP")]
-    spawn_on_gpus(worker, args.world, (cases, args.out))
+    launch_on_gpus(worker, args.world, (cases, args.out))
 
 
 if __name__ == "__main__":

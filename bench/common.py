@@ -309,6 +309,46 @@ def multi_gpu_arguments(description: str | None = None):
     return ap
 
 
+def torchrun_rank() -> tuple[int, int, int] | None:
+    """(rank, world, local rank) where torchrun (or a launcher that sets its variables) started this process,
+    else None."""
+    if not all(name in os.environ for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):
+        return None
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+
+
+def launch_on_gpus(worker: Callable[..., Any], world: int, args: tuple) -> None:
+    """worker(rank, world, port, *args) once per GPU of this host: in this process where torchrun started it
+    (`torchrun --nproc-per-node R script.py --world R`; port None: torchrun's MASTER_ADDR / MASTER_PORT), else in R
+    processes spawned here (spawn_on_gpus). One host only: the exchanges move fragments over NVLink peers."""
+    started = torchrun_rank()
+    if started is None:
+        spawn_on_gpus(worker, world, args)
+        return
+    rank, launched, _ = started
+    if launched != world:
+        raise SystemExit(f"--world {world}, but torchrun started {launched} processes: pass --world {launched} or "
+                         f"--nproc-per-node {world}")
+    if int(os.environ.get("LOCAL_WORLD_SIZE", launched)) != launched:
+        raise SystemExit(f"torchrun spans several hosts ({os.environ.get('LOCAL_WORLD_SIZE')} of {launched} "
+                         "processes on this one): run on one host, whose GPUs are NVLink peers")
+    worker(rank, world, None, *args)
+
+
+def init_gpu_rank(rank: int, world: int, port: int | None) -> torch.device:
+    """A worker's NCCL process group on its GPU (LOCAL_RANK under torchrun, else cuda:rank); rendezvous on a local
+    port, or (port None) where the launcher's MASTER_ADDR / MASTER_PORT say."""
+    import torch.distributed as dist
+
+    if port is not None:
+        os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    started = torchrun_rank()
+    device = torch.device("cuda", started[2] if started is not None else rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
+    return device
+
+
 def spawn_on_gpus(worker: Callable[..., Any], world: int, args: tuple) -> None:
     """worker(rank, world, port, *args) in one process per GPU (rank r on cuda:r), a free local port for the
     process group's rendezvous."""

@@ -30,6 +30,8 @@ BENCHMARKS = (
     ("peer_routed.py", (), None),  # ours against triton_kernels' MXFP4 MoE as vLLM runs it (exits 0 if .peer is absent)
     ("block_targets.py", (), None),
     ("block_tp.py", (), "gpus:2"),  # the block over two GPUs with NCCL (TP and SP), communication included
+    ("block_tp.py", ("--world", "4"), "gpus:4"),  # and over four, eight (block_tp_4gpu.*, block_tp_8gpu.*)
+    ("block_tp.py", ("--world", "8"), "gpus:8"),
     ("tp.py", (), "gpus:2"),  # fragment exchange and tail: symmetric-memory peer writes against NCCL
     # the decode defaults against their alternatives on the whole block, in alternating rounds
     ("decode_tuning.py", ("--m", "8", "16", "32", "64", "128", "--knobs", "LMF_ROUTED_FP8", "--rounds", "5", "--name",

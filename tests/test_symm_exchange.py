@@ -22,28 +22,21 @@ from latent_moe_fusion.ops.common.symm_exchange import (
     SymmetricExchange,
     _method,
     _setting,
-    flag_bytes,
     prepare_symmetric_exchange,
-    region_sizes,
 )
-from tests.exchange_helpers import BufferHandle, dense_fragments
+from tests.exchange_helpers import cpu_exchange, dense_fragments, shared_cpu_buffers, workspace_sizes
 from tests.gloo import run_gloo
 
 HIDDEN = 64
 
 
 def sizes(world: int, max_tokens: int) -> tuple[int, int, int]:
-    fragment_bytes, output_bytes = region_sizes(world, max_tokens, HIDDEN, 4)
-    return fragment_bytes, output_bytes, fragment_bytes + output_bytes + flag_bytes(world)
+    return workspace_sizes(world, max_tokens, HIDDEN)
 
 
 def exchange_on(rank: int, buffers: list[torch.Tensor], max_tokens: int, setting: str = "on",
                 method: str = "copies") -> SymmetricExchange:
-    world = len(buffers)
-    fragment_bytes, output_bytes, _ = sizes(world, max_tokens)
-    return SymmetricExchange("g", world, rank, torch.device("cpu"), max_tokens, HIDDEN, setting, buffers[rank],
-                             BufferHandle(buffers, _gloo_barrier), fragment_bytes, output_bytes, method=method,
-                             max_programs=3, fragment_programs=2)
+    return cpu_exchange(rank, buffers, max_tokens, HIDDEN, _gloo_barrier, setting=setting, method=method)
 
 
 def _gloo_barrier() -> None:
@@ -86,10 +79,7 @@ def _exchange_worker(rank: int, world: int, buffers: list[torch.Tensor], seed: i
 
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_exchanges_deliver_the_layouts_bitwise(world, rng_seed):
-    buffers = [torch.full((sizes(world, MAX_TOKENS)[2],), 0xFF, dtype=torch.uint8) for _ in range(world)]  # NaN
-    for buffer in buffers:
-        buffer[sum(sizes(world, MAX_TOKENS)[:2]):] = 0  # flags at rest, as prepare_symmetric_exchange leaves them
-        buffer.share_memory_()
+    buffers = shared_cpu_buffers(world, MAX_TOKENS, HIDDEN)
     for rank, res in enumerate(run_gloo(_exchange_worker, world, (buffers, rng_seed), timeout=600,
                                         preload=("latent_moe_fusion",))):
         assert res["failures"] == [], (rank, res["failures"])
