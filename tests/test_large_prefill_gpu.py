@@ -4,8 +4,10 @@
 M = 32768: the fused block is rewritten by the pass (its tail was refused for a split-K workspace the launcher never
 allocates there), the tail and the routed op agree with float64. Past int32 (ops/common/element_offsets.py): the
 tail with sequence-parallel fragments [M, 8, H] of 2.2e9 elements, the routed op at M = 65536 (FP32 pair rows
-[1048576, 3584], activation rows [1062912, 3072]) on the staged kernels and on the Triton tiles under LARGE_OFFSETS.
-Inputs are fresh random ones, outputs poisoned with NaN first."""
+[1048576, 3584], activation rows past 3.2e9 elements) on the staged kernels and on the Triton tiles under
+LARGE_OFFSETS. The routed problems hold ROUTED_EXPERTS = 16 experts, every token on all of them: the same pairs and
+rows as the rank's 112 experts with every pair local, at a seventh of the weights (quantising 112 experts' weights
+at once took 74 GiB). Inputs are fresh random ones, outputs poisoned with NaN first."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from tests.regs_gpu import SM90_ONLY
 pytestmark = SM90_ONLY
 
 H, L, INTER, EXPERTS, TOP_K = 7168, 3584, 3072, 112, 16
+ROUTED_EXPERTS = 16  # the routed problems' experts: top-16 of 16, every pair local
 BF16_TOL = 1e-2  # a bf16 tail against float64 (tests/test_tail_gpu.py)
 
 
@@ -70,11 +73,11 @@ def test_tail_with_fragments_past_int32(monkeypatch, rng_seed):
 
 
 def _all_local_problem(m: int):
-    """The rank's routed problem with every (token, slot) pair on a local expert: the largest rows any routing
-    writes. 16 distinct experts per token."""
-    p = make_problem(m, latent=L, inter=INTER, num_experts=EXPERTS, top_k=TOP_K, hidden=64, inter_s=32,
+    """A routed problem with every (token, slot) pair on a local expert: the largest rows any routing writes. Each
+    token takes the ROUTED_EXPERTS experts in its own random slot order."""
+    p = make_problem(m, latent=L, inter=INTER, num_experts=ROUTED_EXPERTS, top_k=TOP_K, hidden=64, inter_s=32,
                      weight_format="mxfp4", routing="none", device="cuda")
-    p.topk_ids.copy_(torch.rand(m, EXPERTS, device="cuda").argsort(dim=1)[:, :TOP_K].to(torch.int32))
+    p.topk_ids.copy_(torch.rand(m, ROUTED_EXPERTS, device="cuda").argsort(dim=1)[:, :TOP_K].to(torch.int32))
     return p
 
 
