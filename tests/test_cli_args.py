@@ -21,6 +21,19 @@ BAD = [
     (["demo", "--ep-size", "0"], "argument --ep-size: expected an integer >= 1, got 0"),
     (["demo", "--ep-size", "5"], "--ep-size 5: num_experts 896 is not divisible by the expert-parallel size 5"),
     (["demo", "--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+    (["plan", "--m", "0"], "argument --m: expected an integer >= 1, got 0"),
+    (["plan", "--m", "-3"], "argument --m: expected an integer >= 1, got -3"),
+    (["plan", "--m", "2", "--capability", "7.x"], "argument --capability: expected MAJOR.MINOR"),
+    (["plan", "--m", "2", "--top-k", "20", "--experts", "8"], "--top-k 20 exceeds --experts 8"),
+    (["plan", "--m", "2", "--latent", "100"], "--latent 100: MXFP4 weights need a multiple of 32"),
+    (["plan-tail", "--m", "0"], "argument --m: expected an integer >= 1, got 0"),
+    (["plan-tail", "--m", "8", "--world-size", "2"], "--mode local is one rank, got --world-size 2"),
+    (["plan-tail", "--m", "8", "--mode", "hidden_scatter", "--world-size", "3"],
+     "--hidden 7168 is not divisible by --world-size 3"),
+    (["plan-tail", "--m", "8", "--mode", "scatter"], "argument --mode: invalid choice: 'scatter'"),
+    (["plan-tail", "--m", "8", "--cute", "maybe"], "argument --cute: invalid choice: 'maybe'"),
+    (["plan-tail", "--m", "8", "--capability", "9"], "argument --capability: expected MAJOR.MINOR"),
+    (["plan-tail", "--m", "8", "--sms", "0"], "argument --sms: expected an integer >= 1, got 0"),
 ]
 
 
