@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .side_streams import side_stream
+
 MODES = ("local", "hidden_scatter", "token_publish")
 
 
@@ -70,7 +72,7 @@ class PendingFragments:
         if self.work is not None:
             self.work.wait()
             self.work = None
-        if self.done is not None:  # symmetric path: its copies ran on the stream that started it
+        if self.done is not None:  # symmetric path: it ran on the fragment_exchange stream (_publish_beside)
             torch.cuda.current_stream(self.recv.device).wait_event(self.done)
             self.done = None
             return self.recv  # already in the mode's layout
@@ -113,12 +115,9 @@ def start_publish(s_partial: torch.Tensor, mode: str, group_name: str | None,
     if exchange is not None:
         recv = buffers[1] if buffers is not None else fragment_buffers(m_s, hidden, mode, world, s_partial,
                                                                        group_name)[1]
-        ws = exchange.publish(s_partial, mode, recv)
-        if not s_partial.is_cuda:  # a stand-in workspace (the CPU tests): its copies ran, nothing is in flight
-            return PendingFragments(ws, "local")
-        done = torch.cuda.Event()
-        done.record()
-        return PendingFragments(ws, mode, done=done)
+        if not s_partial.is_cuda:  # a stand-in workspace (the CPU tests): its copies run in line, nothing in flight
+            return PendingFragments(exchange.publish(s_partial, mode, recv), "local")
+        return _publish_beside(exchange, s_partial, mode, recv)
     send, recv = buffers if buffers is not None else fragment_buffers(m_s, hidden, mode, world, s_partial)
     if send is None:  # made for the symmetric path, which no longer serves (the workspace was released)
         send = recv.new_empty(recv.shape)
@@ -128,6 +127,21 @@ def start_publish(s_partial: torch.Tensor, mode: str, group_name: str | None,
         send.copy_(s_partial.view(world, m_s // world, hidden))
     work = dist.all_to_all_single(recv, send, group=group, async_op=True)
     return PendingFragments(recv, mode, work, keep=(send,))
+
+
+def _publish_beside(exchange, s_partial: torch.Tensor, mode: str, recv: torch.Tensor) -> PendingFragments:
+    """The symmetric exchange on its own stream, forked from the caller's: the caller's stream goes on with what
+    it queues next (the routed experts, where the shared GEMMs ran in line: prefill) and waits only in wait(),
+    as it does for NCCL's asynchronous all-to-all. Its barriers then stall that stream, not the caller's, while
+    a peer catches up. The buffers are the caller's stream's, which waits before it reads or frees them."""
+    device = s_partial.device
+    stream = side_stream(device, "fragment_exchange")
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        ws = exchange.publish(s_partial, mode, recv)
+        done = torch.cuda.Event()
+        done.record(stream)
+    return PendingFragments(ws, mode, done=done)
 
 
 def publish_fragments(s_partial: torch.Tensor, mode: str, group_name: str | None,

@@ -22,8 +22,10 @@ barriers (handle.barrier: every rank's last copy-out done / every peer's writes 
 launches for R = 2.
 LMF_SYMM_EXCHANGE_METHOD chooses at prepare time.
 
-The producer runs its exchange on the shared expert's side stream, beside the routed experts, and the caller's
-stream joins it before the producer returns: the tail, next on that stream, is what waits for the signal.
+The fragment exchange runs on its own stream (fragment_layouts.start_publish), forked where the shared expert's
+output is ready, beside the routed experts whether the shared GEMMs ran on a side stream (decode) or in line
+(prefill); the caller's stream joins it before the producer returns. The TP output gather runs on the caller's
+stream: the tail, next on that stream, is what waits for it.
 
 Selection is rank-consistent: the workspace exists on every rank or on none (prepare agrees on success and on the
 LMF_SYMM_EXCHANGE setting across the group), and the per-call choice depends only on the token count and the
