@@ -149,7 +149,7 @@ def main() -> None:
         variants[f"compiled+fused, {spec}"] = (fused, parse_knobs([spec], "--fused-knobs"))
     meta = environment()
     out: dict[str, Any] = {"meta": meta, "timelines": {}}
-    text = [f"# {args.name}: kernels of one replayed decode forward\n",
+    text = [f"# {args.name}: kernels of one replayed forward\n",
             f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}; Kimi K3 rank "
             "(TP8/EP8, MXFP4 experts, router GEMM bf16). Medians over 12 profiled replays of one CUDA graph; "
             "times from the replay's first kernel; profiling adds little inside a graph but the absolute span "
