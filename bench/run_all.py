@@ -51,6 +51,8 @@ BENCHMARKS = (
                           "swap_tma:32x32x256/w4/st6/s1"), None),
     # tools: the kernels of one replayed decode forward, and the GPU's idle gaps of a prefill forward
     ("graph_timeline.py", ("--m", "1", "8", "32", "128", "--fused-knobs", "pdl_sites=none"), None),
+    # the accuracy cost of FP8 activations (W4A8) on the routed experts, before a kernel (runs on the CPU)
+    ("w4a8_numerics.py", (), None),
     # the same at prefill: which kernels run beside which (none do at M = 4096)
     ("graph_timeline.py", ("--m", "4096", "--fused-knobs", "pdl_sites=none", "--name", "graph_timeline_prefill"), None),
     ("host_gaps.py", (), None),
