@@ -159,7 +159,9 @@ def plan_call(
     call = RoutedCall(
         num_tokens, top_k, num_experts, latent, inter, weight_format, z.dtype,
         device_capability(z.device.index) if z.is_cuda else None, 0 if shared_x is None else shared_x.shape[0],
-        regs_tensor_reason(w13, w2, w13_scale, w2_scale), routed_gemv_tensor_reason(z, w13, w2, w13_scale, w2_scale),
+        regs_tensor_reason(w13, w2, w13_scale, w2_scale),
+        # asked only where the config names the GEMV (plan_for consults it nowhere else): no tensor checks per call
+        routed_gemv_tensor_reason(z, w13, w2, w13_scale, w2_scale) if cfg.routed_gemv else None,
     )
     return plan_for(call, cfg, given=config is not None)
 
