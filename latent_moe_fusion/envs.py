@@ -155,6 +155,18 @@ _DECLARED = (
         read_in=("ops/routed/expert_ids_check.py",),
     ),
     EnvVar(
+        "LMF_ROUTED_W4A8", switch("FP8 activations on the prefill blocks", "BF16 activations, the default"), False,
+        values="`0`, `1`",
+        unset="BF16 activations (the default numerics).",
+        effect="Opt-in W4A8 numerics for the routed MXFP4 experts where the grouping takes the 128-row prefill blocks "
+               "(sm_90): activations quantised to e4m3 in 1 x 128 blocks with FP32 scales, the e2m1 weights expanded "
+               "to e4m3 per 64 x 128 block, FP8 wgmma with the sums promoted to FP32 every 128 K "
+               "(`ops/routed/w4a8_numerics.py` defines it; docs/numerics.md gives its error, ~20x the BF16 path's). "
+               "Calls on other kernels (decode blocks, the GEMV, Triton tiles) and calls the W4A8 kernels cannot take "
+               "(L or I not a multiple of 512) keep BF16 activations; `python -m latent_moe_fusion plan` says which.",
+        read_in=("ops/routed/producer_config.py",),
+    ),
+    EnvVar(
         "LMF_ROUTED_FP8",
         choice(ROUTED_FP8_WORDS, "1: the L1 on FP8 MMAs, the default; l1,l2: both layers; 0: neither, the bf16 "
                                  "kernels"),

@@ -1,8 +1,9 @@
 """A tiny interpreter for the integer PTX the MXFP4 dequantisers use, so the very asm text the GPU
 compiles is checked on the CPU (the Triton interpreter cannot run inline asm).
 
-Covers: mov.b32 (also the unpack form `mov.b32 {lo, hi}, r`), and.b32, or.b32, shl.b32, shr.b32
-(logical), lop3.b32, mul.lo.u32, prmt.b32 (default mode) and mul.rn.bf16x2. Operands: named registers, $N arguments, decimal or hex immediates.
+Covers: mov.b32 (also the unpack form `mov.b32 {lo, hi}, r` and the pack form `mov.b32 r, {lo, hi}`), and.b32,
+or.b32, shl.b32, shr.b32 (logical), lop3.b32, mul.lo.u32, prmt.b32 (default mode), mul.rn.bf16x2, mul.rn.f16x2 and
+cvt.rn.satfinite.e4m3x2.f16x2. Operands: named registers, $N arguments, decimal or hex immediates.
 """
 
 from __future__ import annotations
@@ -50,6 +51,30 @@ def _mul_bf16x2(a: int, b: int) -> int:
     return out
 
 
+def _mul_f16x2(a: int, b: int) -> int:
+    out = 0
+    for half in (0, 16):
+        x = np.array([(a >> half) & 0xFFFF], dtype=np.uint16).view(np.float16)[0]
+        y = np.array([(b >> half) & 0xFFFF], dtype=np.uint16).view(np.float16)[0]
+        with np.errstate(over="ignore", under="ignore"):
+            prod = np.float16(np.float64(x) * np.float64(y))  # exact product, one rounding to nearest even
+        out |= int(np.array([prod], dtype=np.float16).view(np.uint16)[0]) << half
+    return out
+
+
+def _cvt_e4m3x2_f16x2(a: int) -> int:
+    """Each f16 half to e4m3 (nearest even, finite values saturate to +-448), the upper half to the upper byte."""
+    import torch
+
+    out = 0
+    for half, shift in ((0, 0), (16, 8)):
+        x = float(np.array([(a >> half) & 0xFFFF], dtype=np.uint16).view(np.float16)[0])
+        if not np.isnan(x):
+            x = max(-448.0, min(448.0, x))
+        out |= int(torch.tensor([x]).to(torch.float8_e4m3fn).view(torch.uint8)[0]) << shift
+    return out
+
+
 _OPS = {
     "mov.b32": lambda x: x[0],
     "and.b32": lambda x: x[0] & x[1],
@@ -60,6 +85,8 @@ _OPS = {
     "mul.lo.u32": lambda x: x[0] * x[1],
     "prmt.b32": lambda x: _prmt(*x),
     "mul.rn.bf16x2": lambda x: _mul_bf16x2(*x),
+    "mul.rn.f16x2": lambda x: _mul_f16x2(*x),
+    "cvt.rn.satfinite.e4m3x2.f16x2": lambda x: _cvt_e4m3x2_f16x2(*x),
 }
 
 
@@ -84,6 +111,11 @@ def run_ptx(asm: str, inputs: dict[int, int], num_outputs: int) -> list[int]:
             lo, hi = (t.strip() for t in halves.split(","))
             v = value(src.strip(" ,"))
             regs[lo], regs[hi] = v & 0xFFFF, v >> 16
+            continue
+        if op == "mov.b32" and "{" in rest:  # pack 16-bit halves: dest, {lo, hi}
+            dest, halves = rest.split(",", 1)
+            lo, hi = (value(t.strip()) for t in halves.strip().strip("{}").split(","))
+            regs[dest.strip()] = (lo & 0xFFFF) | (hi & 0xFFFF) << 16
             continue
         dest, *args = [t.strip() for t in rest.split(",")]
         if op not in _OPS:

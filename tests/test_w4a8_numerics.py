@@ -8,6 +8,8 @@ import torch
 from latent_moe_fusion.ops.common.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from latent_moe_fusion.ops.routed.w4a8_numerics import (
     ACT_BLOCK,
+    WEIGHT_BLOCK_ROWS,
+    block_exponents,
     blockwise_matmul64,
     expand_mxfp4_to_e4m3,
     quantize_activations,
@@ -36,30 +38,34 @@ def test_activation_blocks_keep_their_largest_value_and_e4m3_precision(rng_seed)
 
 
 def test_expanded_weights_are_the_mxfp4_weights(rng_seed):
-    w = torch.randn(2, 64, 2 * ACT_BLOCK) * torch.logspace(-2, 2, 8).repeat_interleave(32)  # exponents 8 apart at most
+    w = torch.randn(2, 128, 2 * ACT_BLOCK) * torch.logspace(-2, 1, 8).repeat_interleave(32)  # exponents 8 apart at most
+    w[:, 64:] *= 4.0  # the second row block's exponents two higher
     packed, scales = quantize_mxfp4(w)
     values, block_scales = expand_mxfp4_to_e4m3(packed, scales)
-    assert values.shape == w.shape and block_scales.shape == (2, 64, 2)
-    expanded = values.float().reshape(2, 64, 2, ACT_BLOCK) * block_scales.unsqueeze(-1)
-    exps = scales.int().reshape(2, 64, 2, 4)
+    assert values.shape == w.shape and block_scales.shape == (2, 2, 2)
+    rows = block_scales.repeat_interleave(WEIGHT_BLOCK_ROWS, dim=-2).repeat_interleave(ACT_BLOCK, dim=-1)
+    exps = scales.int().reshape(2, 2, 64, 2, 4).permute(0, 1, 3, 2, 4).reshape(2, 2, 2, 256)
     assert int((exps.amax(-1) - exps.amin(-1)).max()) <= 8
-    assert torch.equal(expanded.reshape(w.shape), dequantize_mxfp4(packed, scales))
+    assert torch.equal(block_exponents(scales).int(), exps.amax(-1))
+    assert torch.equal(values.float() * rows, dequantize_mxfp4(packed, scales))
 
 
 def test_exponents_farther_apart_than_e4m3_reaches_round_the_smaller_values():
-    packed = torch.full((1, ACT_BLOCK // 2), 0x11, dtype=torch.uint8)  # every value 0.5
-    scales = torch.tensor([[127 + 10, 127, 127, 127]], dtype=torch.uint8)  # 2^10 beside 2^0: shifts of 10
+    packed = torch.full((WEIGHT_BLOCK_ROWS, ACT_BLOCK // 2), 0x11, dtype=torch.uint8)  # every value 0.5
+    scales = torch.full((WEIGHT_BLOCK_ROWS, 4), 127, dtype=torch.uint8)
+    scales[5, 0] = 127 + 10  # one 2^10 beside 2^0 in the block: every other value shifts by 10
     values, block_scales = expand_mxfp4_to_e4m3(packed, scales)
-    expanded = values.float() * block_scales.repeat_interleave(ACT_BLOCK, dim=-1)
+    expanded = values.float() * block_scales.repeat_interleave(WEIGHT_BLOCK_ROWS, 0).repeat_interleave(ACT_BLOCK, -1)
     exact = dequantize_mxfp4(packed, scales)
-    assert torch.equal(expanded[:, :32], exact[:, :32]) and not torch.equal(expanded[:, 32:], exact[:, 32:])
+    assert torch.equal(expanded[5, :32], exact[5, :32]) and not torch.equal(expanded[5, 32:], exact[5, 32:])
+    assert not torch.equal(expanded[0], exact[0])
 
 
 def test_the_blockwise_product_is_the_product_of_the_dequantised_operands(rng_seed):
     a, a_scales = quantize_activations(torch.randn(5, 3 * ACT_BLOCK))
-    w, w_scales = expand_mxfp4_to_e4m3(*quantize_mxfp4(torch.randn(7, 3 * ACT_BLOCK)))
+    w, w_scales = expand_mxfp4_to_e4m3(*quantize_mxfp4(torch.randn(128, 3 * ACT_BLOCK)))
     dense_a = a.double() * a_scales.double().repeat_interleave(ACT_BLOCK, dim=1)
-    dense_w = w.double() * w_scales.double().repeat_interleave(ACT_BLOCK, dim=1)
+    dense_w = w.double() * w_scales.double().repeat_interleave(WEIGHT_BLOCK_ROWS, 0).repeat_interleave(ACT_BLOCK, 1)
     assert torch.allclose(blockwise_matmul64(a, a_scales, w, w_scales), dense_a @ dense_w.t(), rtol=1e-12, atol=0)
 
 
@@ -91,11 +97,14 @@ def test_bad_inputs_say_what_is_wrong():
         quantize_activations(torch.randn(2, 96))
     with pytest.raises(ValueError, match=r"x must be \[M, K\]"):
         quantize_activations(torch.randn(2, 3, 128))
-    packed, scales = quantize_mxfp4(torch.randn(4, 96))
+    packed, scales = quantize_mxfp4(torch.randn(64, 96))
     with pytest.raises(ValueError, match=r"K = 96 must be a multiple of 128"):
         expand_mxfp4_to_e4m3(packed, scales)
     with pytest.raises(TypeError, match="must be uint8"):
         expand_mxfp4_to_e4m3(packed.float(), scales)
-    packed, scales = quantize_mxfp4(torch.randn(4, 128))
+    packed, scales = quantize_mxfp4(torch.randn(64, 128))
     with pytest.raises(ValueError, match="does not match packed"):
         expand_mxfp4_to_e4m3(packed, scales[:, :2])
+    packed, scales = quantize_mxfp4(torch.randn(32, 128))
+    with pytest.raises(ValueError, match="32 weight rows must be a multiple of 64"):
+        expand_mxfp4_to_e4m3(packed, scales)

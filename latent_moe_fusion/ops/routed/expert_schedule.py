@@ -40,6 +40,7 @@ from .triton.fp8_split_kernel import launch_split_e4m3
 from .triton.moe_align import Grouping, group_by_expert
 from .triton.moe_align_choice import GroupingChoice, group_by_expert_choice
 from .triton.weight_tiles import dot_precision
+from .w4a8_path import launch_l1_w4a8, launch_l2_w4a8
 
 
 @dataclass(frozen=True)
@@ -277,7 +278,9 @@ def launch_plan(
         if grouping is None:
             grouping = group_by_expert(topk_ids, num_experts, bm)
         sorted_pairs, block_expert = grouping.sorted_pairs, grouping.block_expert
-        if cfg.routed_fp8[0]:
+        if plan.w4a8:
+            launch_l1_w4a8(z, w13, w13_scale, sorted_pairs, block_expert, act, nb_max, top_k, beta, lin_beta)
+        elif cfg.routed_fp8[0]:
             launch_routed_l1_fp8(*launch_split_e4m3(z), w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm,
                                  top_k, beta, lin_beta)
         else:
@@ -285,7 +288,9 @@ def launch_plan(
                              cfg.regs_split[0], signal=plan.routed_pdl)
         if plan.in_line_library:
             shared_as_library()
-        if cfg.routed_fp8[1]:
+        if plan.w4a8:
+            launch_l2_w4a8(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max)
+        elif cfg.routed_fp8[1]:
             parts = launch_split_e4m3(act[: nb_max * bm], sorted_pairs)
             launch_routed_l2_fp8(*parts, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max, bm)
         else:

@@ -48,6 +48,7 @@ from .producer_config import (
     pick_config,
     routed_fp8_forced,
     routed_switches,
+    routed_w4a8_requested,
     rows_per_expert,
 )
 from .routed_gemv import RoutedGemvConfig, routed_gemv_setting, routed_gemv_shape_reason, routed_gemv_tensor_reason
@@ -62,6 +63,7 @@ from .schedule_rules import (
 )
 from .triton.moe_align import max_blocks
 from .triton.moe_align_choice import small_blocks_bound
+from .w4a8_path import w4a8_shape_reason
 
 # What a plan of a shape alone cannot see; each is true of the op's own weights (ops/routed/producer_op.py).
 ASSUMPTIONS = (
@@ -123,6 +125,7 @@ class RoutedPlan:
     library_first: bool = False  # the in-line cuBLAS shared GEMMs before the grouping
     in_line_library: bool = False  # the in-line cuBLAS shared GEMMs right after the routed L1 launch
     routed_pdl: bool = False  # the register-dequant chain launched as programmatic dependents
+    w4a8: bool = False  # the staged blocks on FP8 activations (LMF_ROUTED_W4A8, w4a8_path.py)
     weight_format: str = "mxfp4"
     assumptions: tuple[str, ...] = ()
 
@@ -310,6 +313,14 @@ def _make_plan(
         if interpreting():
             why = "TRITON_INTERPRET=1: Triton interpreter tiles"
     decide("kernels", family, why)
+    w4a8 = False
+    if routed_w4a8_requested() and num_pairs:
+        w4a8_why = f"W4A8 runs the {STAGED_BLOCK_ROWS}-row prefill blocks only (this call: {family})" \
+            if family != "staged" else w4a8_shape_reason(latent, inter, call.weight_format, call.dtype, call.capability)
+        w4a8 = w4a8_why is None
+        decide("activations", "w4a8" if w4a8 else "bf16",
+               "LMF_ROUTED_W4A8=1: e4m3 in 1 x 128 blocks on FP8 wgmma" if w4a8 else
+               f"LMF_ROUTED_W4A8=1 not taken: {w4a8_why}")
     if gemv:
         decide("grouping", "none", "the GEMV indexes pairs directly")
     elif num_pairs:
@@ -386,8 +397,8 @@ def _make_plan(
         decide("pdl", routed_pdl, f"the routed site (pdl_sites override) for <= {SPLIT_K_MAX_PAIRS} pairs on sm_90, "
                                   "bf16 L1, no in-line shared GEMMs between L1 and L2")
     cap_text = "none (CPU)" if call.capability is None else f"sm_{call.capability[0]}{call.capability[1]}"
-    decide("device", cap_text, "the activations' device; switches (TRITON_INTERPRET, LMF_ROUTED_FP8, tuning) read "
-                               "from this process")
+    decide("device", cap_text, "the activations' device; switches (TRITON_INTERPRET, LMF_ROUTED_FP8, "
+                               "LMF_ROUTED_W4A8, tuning) read from this process")
 
     return RoutedPlan(
         call.num_tokens, num_pairs, call.capability, family, 0 if gemv or not num_pairs else bm, choice_bm, fp8,
@@ -395,7 +406,7 @@ def _make_plan(
         gemv=gemv, gemv_config=gemv_cfg, regs=regs, max_blocks=nb_max, choice_blocks=nb_choice,
         choice_max_rows=PREFILL_CHOICE_MAX_ROWS, act_rows=act_rows, triton_blocks=0 if regs or gemv else nb_max, triton_splits=(split1, split2),
         pair_slices=pair_slices, grid_block_m=max(bm, 16) if any(cfg.routed_fp8) else bm,
-        library_first=library_first, in_line_library=in_line_library, routed_pdl=routed_pdl,
+        library_first=library_first, in_line_library=in_line_library, routed_pdl=routed_pdl, w4a8=w4a8,
         weight_format=call.weight_format,
         assumptions=assumptions,
     )

@@ -1,0 +1,137 @@
+"""The opt-in W4A8 prefill path (LMF_ROUTED_W4A8=1): when a call can take it, and its launches.
+
+A call on the 128-row staged blocks runs, instead of the BF16 staged kernels: z quantised per token in 1 x 128 e4m3
+blocks (triton/quantize_1x128.py), L1 on FP8 wgmma (gluon/routed_w4a8.py) writing bf16 SiTU rows, those rows
+quantised the same way (padding rows skipped), L2 on FP8 wgmma writing the FP32 pair rows the combine reads. The
+numerics are w4a8_numerics.py's definition; the weights' 64 x 128 block exponents are worked out once per weight
+tensor and kept (block_exponents_of).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from ..common.mxfp4 import BLOCK as MXFP4_BLOCK
+from .w4a8_numerics import ACT_BLOCK, WEIGHT_BLOCK_ROWS, block_exponents
+
+W4A8_BLOCK_ROWS = 128  # token rows per program: the staged blocks
+W4A8_WARPS = 8  # two warp groups of 64 token rows
+W4A8_K_MULTIPLE = 4 * ACT_BLOCK  # whole rounds of the 4-stage rings of 128-wide steps
+W4A8_L2_COLUMNS = 128  # L2's weight rows per program (two 64-row blocks)
+_EXPONENT_CACHE_SIZE = 512  # weight scale tensors (two per layer) whose block exponents are kept
+
+
+def w4a8_shape_reason(latent: int, inter: int, weight_format: str, dtype: torch.dtype,
+                      capability: tuple[int, int] | None) -> str | None:
+    """Why a call of these sizes cannot run on the W4A8 kernels (None if it can); the tensors' checks are the staged
+    kernels' (regs_tensor_reason), which the call has passed when it runs on them."""
+    if weight_format != "mxfp4":
+        return "only MXFP4 weights"
+    if capability != (9, 0):
+        return "needs an sm_90 GPU (FP8 wgmma)"
+    if dtype != torch.bfloat16:
+        return f"activations must be bfloat16, got {dtype}"
+    if latent % W4A8_K_MULTIPLE or inter % W4A8_K_MULTIPLE:
+        return (f"L = {latent} and I = {inter} must be multiples of {W4A8_K_MULTIPLE} (whole rounds of the W4A8 "
+                "kernels' 4-stage rings of 128-wide k steps)")
+    return None
+
+
+_exponents: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+
+
+def block_exponents_of(scales: torch.Tensor) -> torch.Tensor:
+    """block_exponents(scales), kept per tensor (its storage, shape and version: an in-place update recomputes)."""
+    key = (scales.device, scales.data_ptr(), tuple(scales.shape), scales._version)
+    found = _exponents.get(key)
+    if found is None:
+        found = block_exponents(scales).contiguous()
+        _exponents[key] = found
+        if len(_exponents) > _EXPONENT_CACHE_SIZE:
+            _exponents.popitem(last=False)
+    else:
+        _exponents.move_to_end(key)
+    return found
+
+
+def clear_block_exponents() -> None:
+    """Forget the kept exponents (tests; a process that frees and reallocates weight tensors in place)."""
+    _exponents.clear()
+
+
+def _descriptor(words: torch.Tensor, gated: bool):
+    """TMA descriptor of a step's weight words: [2E, I, K/8] int32 with 64 gate rows and the same columns' up rows
+    (L1), else [E * N, K/8] with 128 rows (L2); 16 words (128 k) per row."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    if gated:
+        view = words.view(words.shape[0] * 2, words.shape[1] // 2, words.shape[2])
+        block = [2, WEIGHT_BLOCK_ROWS, ACT_BLOCK // 8]
+    else:
+        view = words.view(-1, words.shape[-1])
+        block = [W4A8_L2_COLUMNS, ACT_BLOCK // 8]
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=view.dim())
+    return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
+
+
+def _check(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, k: int, n: int, n_multiple: int) -> None:
+    """A clear error for a call the W4A8 kernels cannot take (the plan never sends one: this guards direct calls)."""
+    cap = torch.cuda.get_device_capability(x.device) if x.is_cuda else None
+    why = None
+    if cap != (9, 0):
+        why = f"needs an sm_90 GPU (FP8 wgmma), got {'capability ' + str(cap) if cap else x.device}"
+    elif x.dtype != torch.bfloat16:
+        why = f"activations must be bfloat16, got {x.dtype}"
+    elif k % W4A8_K_MULTIPLE:
+        why = f"K = {k} must be a multiple of {W4A8_K_MULTIPLE}"
+    elif n % n_multiple:
+        why = f"N = {n} must be a multiple of {n_multiple}"
+    elif not (w.is_contiguous() and scales.is_contiguous() and w.dtype == torch.uint8 and scales.dtype == torch.uint8
+              and scales.shape[-1] * MXFP4_BLOCK == k and w.data_ptr() % 16 == 0):
+        why = "weights and scales must be contiguous uint8 MXFP4 (16-byte aligned weights, [E, N, K/32] scales)"
+    if why is not None:
+        raise ValueError(f"the W4A8 kernels cannot take this call: {why}")
+
+
+def launch_l1_w4a8(
+    z: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, sorted_pairs: torch.Tensor,
+    block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, top_k: int, beta: float, lin_beta: float,
+) -> None:
+    """act[block rows, :I] = bf16(SiTU(gate, up)) of every used 128-row block on FP8 wgmma (z quantised here)."""
+    from .gluon.routed_w4a8 import l1_w4a8_kernel
+    from .triton.quantize_1x128 import quantize_1x128
+
+    latent, inter = z.shape[1], w13.shape[1] // 2
+    _check(z, w13, w13_scale, latent, inter, WEIGHT_BLOCK_ROWS)
+    z8, zs = quantize_1x128(z.contiguous())
+    exps = block_exponents_of(w13_scale)
+    grid = (num_blocks * (inter // WEIGHT_BLOCK_ROWS),)
+    l1_w4a8_kernel[grid](
+        z8, zs, w13_scale, exps, sorted_pairs, block_expert, act, inter, latent, latent // MXFP4_BLOCK, top_k,
+        w13_scale.stride(0), exps.stride(0), float(beta), float(lin_beta), _descriptor(w13.view(torch.int32), True),
+        BM=W4A8_BLOCK_ROWS, num_warps=W4A8_WARPS,
+    )
+
+
+def launch_l2_w4a8(
+    act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, sorted_pairs: torch.Tensor,
+    block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int,
+) -> None:
+    """pairs[pair, :] = act[row] @ W2[e]^T in FP32 for every valid row on FP8 wgmma (act rows quantised here)."""
+    from .gluon.routed_w4a8 import l2_w4a8_kernel
+    from .triton.quantize_1x128 import quantize_1x128
+
+    latent, inter = w2.shape[1], act.shape[1]
+    _check(act, w2, w2_scale, inter, latent, W4A8_L2_COLUMNS)
+    rows = num_blocks * W4A8_BLOCK_ROWS
+    a8, a_scales = quantize_1x128(act[:rows], live=sorted_pairs)
+    exps = block_exponents_of(w2_scale)
+    grid = (num_blocks * (latent // W4A8_L2_COLUMNS),)
+    l2_w4a8_kernel[grid](
+        a8, a_scales, w2_scale, exps, sorted_pairs, block_expert, pairs, latent, inter, inter // MXFP4_BLOCK,
+        w2_scale.stride(0), exps.stride(0), _descriptor(w2.view(torch.int32), False), BM=W4A8_BLOCK_ROWS,
+        num_warps=W4A8_WARPS,
+    )
