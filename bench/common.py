@@ -180,6 +180,9 @@ def capture_graph(step: Callable[[int], Any], num_sets: int, warmup: int = 3) ->
             step(i)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
+    # The warm-up's freed blocks stay cached on `stream`, which nothing uses again, and the graph takes its own pool:
+    # hand them back first, or a prefill step's buffers (tens of GB at M = 32768) are held twice during capture.
+    torch.cuda.empty_cache()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for i in range(num_sets):

@@ -18,6 +18,8 @@ BENCHMARKS = (
     ("tail.py", ("--gemv", "--no-bench"), None),  # the few-token GEMV against swap-AB (tail_gemv.md)
     ("tail_cute.py", ("--install-choice",), "cutlass"),  # CuTe against Triton, and the per-bucket choice the package ships
     ("producer.py", (), None),
+    # the producer at prefill on the block's routing (ep_share) against its bytes and FLOP floors
+    ("producer.py", ("--m", "4096", "8192", "16384", "32768", "--name", "producer_prefill"), None),
     ("routed_gemv.py", ("--specs", "2x2x64w1p2", "4x4x64w1p2"), None),  # one to four tokens: GEMV against the MMA path
     ("routed_fp8.py", ("--variants", "pipe,8", "block,8"), None),  # the FP8 L1 against the bf16 kernels at decode
     ("prefill_regs.py", (), None),  # the routed op beyond decode: Triton tiles, register-dequant and staged kernels
