@@ -1,8 +1,8 @@
 """The W4A8 prefill kernels (ops/routed/gluon/routed_w4a8.py) compile for sm_90 on this CPU machine and their k loop is
 what the design says: per 128-wide k step one CTA barrier, 8 FP8 wgmma (two [128 x 64 x 128] MMAs) left in flight
 while the next step's weights are expanded, the 128 activation rows by 4 cp.async copies per thread, the weight words
-by one TMA copy, the expanded tile by 4 16-byte stores, 32 f16x2 multiplies and 32 e4m3 conversions (8 words of 8
-codes), 64 FFMA promotions (a thread's two accumulators); one CTA of 8 warps per SM fits (registers, shared memory).
+by one TMA copy, the expanded tile by 4 16-byte stores, 8 words of 8 codes expanded by table lookups (4 prmt each,
+no conversions), 64 FFMA promotions (a thread's two accumulators); one CTA of 8 warps per SM fits (registers, shared memory).
 
 Runs tests/w4a8_compile_sm90.py in a fresh interpreter without TRITON_INTERPRET (which these tests set)."""
 
@@ -24,12 +24,12 @@ def test_w4a8_kernels_compile_for_sm90_with_the_designed_k_loop(tmp_path):
     assert sorted(rows) == ["l1_w4a8_kernel", "l2_w4a8_kernel"]
     for name, r in rows.items():
         assert r["registers"] * 32 * W4A8_WARPS <= 65536, r  # one CTA's registers
-        assert r["spills"] <= offline_budget("w4a8_spills", 32), f"{name}: {r['spills']} spilled registers: {r}"
+        assert r["spills"] <= offline_budget("w4a8_spills", 48), f"{name}: {r['spills']} spilled registers: {r}"
         assert r["shared_bytes"] + CTA_RESERVED_BYTES <= SM_SHARED_BYTES, r
         assert r["steps_in_loop"] == 4, f"{name}: the k loop is not the 4-step unrolled ring: {r}"
         assert r["BAR"] == 1 and r["QGMMA"] == 8, f"{name}: {r['BAR']} barriers, {r['QGMMA']} wgmma per step: {r}"
         assert r["LDGSTS"] == 4 and r["UTMALDG"] == 1, f"{name}: activation / weight copies per step: {r}"
         assert r["STS"] == r["STS_128"] == 4, f"{name}: the expanded tile not in 4 16-byte stores: {r}"
-        assert r["HMUL2"] == 32 and r["F2FP"] == 32, f"{name}: 8 words expanded per step: {r}"
+        assert r["PRMT"] >= 32 and r["F2FP"] == 0, f"{name}: 8 words expanded by table per step: {r}"
         assert r["FFMA"] >= 64, f"{name}: the promotion's FFMAs: {r}"
         assert r["wgmma_waits_none_left"] <= 8, f"{name}: wgmma serialised (a wait after every MMA): {r}"

@@ -160,3 +160,63 @@ def test_bad_inputs_say_what_is_wrong():
         launch_l1_w4a8(z, p13, s13, grouping.sorted_pairs, grouping.block_expert, act, 1, 2, BETA, LIN_BETA)
     with pytest.raises(ValueError, match="activations must be bfloat16"):
         launch_l1_w4a8(z.float(), p13, s13, grouping.sorted_pairs, grouping.block_expert, act, 1, 2, BETA, LIN_BETA)
+
+
+@needs_sm90
+@pytest.mark.parametrize("which", ["l1", "l2"])
+def test_exact_operands_give_the_exact_sums(which):
+    """Operands whose every partial sum is a short binary number (small integers, e2m1 codes, unit scales, 448 in
+    each 128-block on a zero weight to pin the activation scale at 1): the kernel's sums must equal float64's, so a
+    wrong byte, block or scale anywhere shows, apart from any rounding."""
+    experts, top_k, m, latent, inter = 3, 2, 200, 1024, 512
+    k, n = (latent, 2 * inter) if which == "l1" else (inter, latent)
+    g = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 256, (experts, n, k // 2), generator=g, dtype=torch.uint8)
+    codes[:, :, ::64] &= 0xF0  # code 0 (k = 0 of every 128-block) is +0
+    packed = codes.cuda()
+    scales = torch.full((experts, n, k // 32), 127, dtype=torch.uint8, device="cuda")
+    x = torch.randint(-2, 3, (m, k), generator=g).float()
+    x[:, ::128] = 448.0
+    ids, weights = _routing(m, experts, top_k, 5)
+    grouping = group_by_expert(ids, experts, 128)
+    blocks = grouping.block_expert.numel()
+    valid = grouping.sorted_pairs.long() >= 0
+    pair_ids = grouping.sorted_pairs.long()[valid]
+    exp_of_row = grouping.block_expert.long().repeat_interleave(128)[valid]
+    from latent_moe_fusion.ops.common.mxfp4 import dequantize_mxfp4
+
+    if which == "l1":
+        z = x.to(torch.bfloat16).cuda()
+        w2 = torch.zeros(experts, latent, inter // 2, dtype=torch.uint8, device="cuda")
+        act = torch.full((blocks * 128, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+        launch_l1_w4a8(z, packed, scales, grouping.sorted_pairs, grouping.block_expert, act, blocks, top_k, BETA,
+                       LIN_BETA)
+        torch.cuda.synchronize()
+        got = act[valid.nonzero().squeeze(1)].double()
+        want = torch.empty_like(got)
+        tok = pair_ids // top_k
+        for e in exp_of_row.unique().tolist():
+            sel = exp_of_row == e
+            h = (z[tok[sel]].double() @ dequantize_mxfp4(packed[e], scales[e], torch.float64).t()).float().double()
+            gg, uu = h[:, :inter], h[:, inter:]
+            want[sel] = ((BETA * torch.tanh(gg / BETA) * torch.sigmoid(gg)) * (LIN_BETA * torch.tanh(uu / LIN_BETA))
+                         ).to(torch.bfloat16).double()
+        del w2
+        # SiTU in FP32 (the kernel) against float64 may round a value to the neighbouring bf16: never further.
+        mismatch = (got != want).float().mean().item()
+        assert mismatch < 0.05 and ((got - want).abs() <= want.abs() * 2**-7 + 1e-30).all(), f"{mismatch:.2%}"
+    else:
+        act = torch.full((blocks * 128, k), float("nan"), dtype=torch.bfloat16, device="cuda")
+        act[valid.nonzero().squeeze(1)] = x[: int(valid.sum())].to(torch.bfloat16).cuda() if int(valid.sum()) <= m \
+            else x.repeat(-(-int(valid.sum()) // m), 1)[: int(valid.sum())].to(torch.bfloat16).cuda()
+        pairs = torch.full((m * top_k, n), float("nan"), dtype=torch.float32, device="cuda")
+        launch_l2_w4a8(act, packed, scales, grouping.sorted_pairs, grouping.block_expert, pairs, blocks)
+        torch.cuda.synchronize()
+        rows = act[valid.nonzero().squeeze(1)].double()
+        want = torch.empty(rows.shape[0], n, dtype=torch.float64, device="cuda")
+        for e in exp_of_row.unique().tolist():
+            sel = exp_of_row == e
+            want[sel] = rows[sel] @ dequantize_mxfp4(packed[e], scales[e], torch.float64).t()
+        got = pairs[pair_ids].double()
+        assert torch.equal(got, want), f"{(got != want).float().mean():.2%} of pair sums differ, largest " \
+                                       f"{(got - want).abs().max().item()}"

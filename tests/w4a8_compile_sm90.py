@@ -1,7 +1,7 @@
 """The W4A8 prefill kernels (ops/routed/gluon/routed_w4a8.py) compiled for sm_90 on a machine without a GPU as their
 launchers compile them (ops/routed/w4a8_path.py): registers and spills, shared memory per CTA, and per 128-wide k step
 of the main loop the CTA barriers, FP8 wgmma, cp.async copies of the activation rows, TMA copies, 16-byte shared
-stores of the expanded tile, f16x2 multiplies and e4m3 conversions, and whether the step keeps its wgmma in flight
+stores of the expanded tile, table lookups (prmt), and whether the step keeps its wgmma in flight
 (JSON). Run by tests/test_w4a8_compile_sm90.py in a fresh interpreter without TRITON_INTERPRET.
 """
 
@@ -19,10 +19,10 @@ from latent_moe_fusion.ops.routed import w4a8_path as wp
 from tests.offline_source import ast_source
 from tests.sm90_sass import SM90, loop_ranges, registers, sass_of, spills
 
-L1_SIG = {"z8_ptr": "*fp8e4nv", "zs_ptr": "*fp32", "s_ptr": "*u8", "g_ptr": "*u8", "sorted_ptr": "*i32",
+L1_SIG = {"z8_ptr": "*fp8e4nv", "zs_ptr": "*fp32", "s_ptr": "*u8", "g_ptr": "*u8", "tab_ptr": "*i32", "sorted_ptr": "*i32",
           "block_expert_ptr": "*i32", "act_ptr": "*bf16", "inter": "i32", "K": "i32", "row_scales": "i32",
           "top_k": "i32", "stride_se": "i32", "stride_ge": "i32", "beta": "fp32", "lin_beta": "fp32"}
-L2_SIG = {"a8_ptr": "*fp8e4nv", "as_ptr": "*fp32", "s_ptr": "*u8", "g_ptr": "*u8", "sorted_ptr": "*i32",
+L2_SIG = {"a8_ptr": "*fp8e4nv", "as_ptr": "*fp32", "s_ptr": "*u8", "g_ptr": "*u8", "tab_ptr": "*i32", "sorted_ptr": "*i32",
           "block_expert_ptr": "*i32", "pairs_ptr": "*fp32", "latent": "i32", "K": "i32", "row_scales": "i32",
           "stride_se": "i32", "stride_ge": "i32"}
 
@@ -61,7 +61,7 @@ def stats(which: str) -> dict:
         "registers": registers(kernel.asm["cubin"]), "spills": spills(sass),
         "shared_bytes": kernel.metadata.shared, "steps_in_loop": steps,
         "loop_instr": round(len(ops) / max(steps, 1), 1),
-        **{k: round(hist[k] / max(steps, 1), 2) for k in ("BAR", "QGMMA", "LDGSTS", "UTMALDG", "STS", "LDS", "HMUL2",
+        **{k: round(hist[k] / max(steps, 1), 2) for k in ("BAR", "QGMMA", "LDGSTS", "UTMALDG", "STS", "LDS", "PRMT",
                                                          "F2FP", "FFMA", "LDG")},
         "STS_128": round(sum(o.startswith("STS.128") for o in ops) / max(steps, 1), 2),
         "wgmma_waits_none_left": len(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0", sass)),

@@ -48,7 +48,8 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check_k(k, "quantize_activations")
     blocks = x.to(torch.float32).reshape(m, k // ACT_BLOCK, ACT_BLOCK)
     amax = blocks.abs().amax(dim=-1, keepdim=True)
-    scales = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    # Tensor by tensor: an IEEE division on every device (CUDA multiplies by the reciprocal of a Python scalar).
+    scales = torch.where(amax > 0, amax / amax.new_tensor(E4M3_MAX), torch.ones_like(amax))
     values = (blocks / scales).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return values.reshape(m, k), scales.squeeze(-1)
 

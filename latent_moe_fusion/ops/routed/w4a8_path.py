@@ -9,7 +9,7 @@ tensor and kept (block_exponents_of).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import weakref
 
 import torch
 
@@ -20,7 +20,6 @@ W4A8_BLOCK_ROWS = 128  # token rows per program: the staged blocks
 W4A8_WARPS = 8  # two warp groups of 64 token rows
 W4A8_K_MULTIPLE = 4 * ACT_BLOCK  # whole rounds of the 4-stage rings of 128-wide steps
 W4A8_L2_COLUMNS = 128  # L2's weight rows per program (two 64-row blocks)
-_EXPONENT_CACHE_SIZE = 512  # weight scale tensors (two per layer) whose block exponents are kept
 
 
 def w4a8_shape_reason(latent: int, inter: int, weight_format: str, dtype: torch.dtype,
@@ -39,21 +38,35 @@ def w4a8_shape_reason(latent: int, inter: int, weight_format: str, dtype: torch.
     return None
 
 
-_exponents: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+_exponents: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+
+
+def _forget(ref: weakref.ref, key: int) -> None:
+    if _exponents.get(key, (None,))[0] is ref:  # not a newer tensor's entry under a reused id
+        del _exponents[key]
 
 
 def block_exponents_of(scales: torch.Tensor) -> torch.Tensor:
-    """block_exponents(scales), kept per tensor (its storage, shape and version: an in-place update recomputes)."""
-    key = (scales.device, scales.data_ptr(), tuple(scales.shape), scales._version)
-    found = _exponents.get(key)
-    if found is None:
-        found = block_exponents(scales).contiguous()
-        _exponents[key] = found
-        if len(_exponents) > _EXPONENT_CACHE_SIZE:
-            _exponents.popitem(last=False)
-    else:
-        _exponents.move_to_end(key)
-    return found
+    """block_exponents(scales), kept while the tensor lives (keyed by the tensor object, not its storage address,
+    which a freed tensor hands on; an in-place update, which bumps its version, recomputes)."""
+    found = _exponents.get(id(scales))
+    if found is not None and found[0]() is scales and found[1] == scales._version:
+        return found[2]
+    exponents = block_exponents(scales).contiguous()
+    key = id(scales)
+    _exponents[key] = (weakref.ref(scales, lambda ref, key=key: _forget(ref, key)), scales._version, exponents)
+    return exponents
+
+
+_tables: dict[torch.device, torch.Tensor] = {}
+
+
+def _shift_tables(device: torch.device) -> torch.Tensor:
+    from .gluon.routed_w4a8 import shift_tables
+
+    if device not in _tables:
+        _tables[device] = shift_tables(device)
+    return _tables[device]
 
 
 def clear_block_exponents() -> None:
@@ -110,7 +123,7 @@ def launch_l1_w4a8(
     exps = block_exponents_of(w13_scale)
     grid = (num_blocks * (inter // WEIGHT_BLOCK_ROWS),)
     l1_w4a8_kernel[grid](
-        z8, zs, w13_scale, exps, sorted_pairs, block_expert, act, inter, latent, latent // MXFP4_BLOCK, top_k,
+        z8, zs, w13_scale, exps, _shift_tables(z.device), sorted_pairs, block_expert, act, inter, latent, latent // MXFP4_BLOCK, top_k,
         w13_scale.stride(0), exps.stride(0), float(beta), float(lin_beta), _descriptor(w13.view(torch.int32), True),
         BM=W4A8_BLOCK_ROWS, num_warps=W4A8_WARPS,
     )
@@ -131,7 +144,7 @@ def launch_l2_w4a8(
     exps = block_exponents_of(w2_scale)
     grid = (num_blocks * (latent // W4A8_L2_COLUMNS),)
     l2_w4a8_kernel[grid](
-        a8, a_scales, w2_scale, exps, sorted_pairs, block_expert, pairs, latent, inter, inter // MXFP4_BLOCK,
+        a8, a_scales, w2_scale, exps, _shift_tables(act.device), sorted_pairs, block_expert, pairs, latent, inter, inter // MXFP4_BLOCK,
         w2_scale.stride(0), exps.stride(0), _descriptor(w2.view(torch.int32), False), BM=W4A8_BLOCK_ROWS,
         num_warps=W4A8_WARPS,
     )

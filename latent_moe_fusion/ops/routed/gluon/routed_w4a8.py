@@ -12,9 +12,10 @@ accumulator element. Per 128-wide k step of a program (128 tokens x 128 weight r
 
 - the weight words (128 rows x 64 bytes) arrive by TMA through a 4-stage ring;
 - the activation rows (128 x 128 e4m3) go to shared memory by cp.async, two steps ahead (4 buffers);
-- every thread expands 8 words (two rows x 32 k under one E8M0 byte each) to e4m3 by bit placement into f16, one
-  f16x2 multiply by 2^(14 - d) (d: the block's largest exponent minus the word's) and a cvt to e4m3x2: exact while
-  d <= 8, rounded to nearest beyond, as the definition says; 4 tiles of [128, 128] e4m3, 16-byte stores;
+- every thread expands 8 words (two rows x 32 k under one E8M0 byte each) to e4m3 by table: d (the block's largest
+  exponent minus the word's) picks the 8 bytes e4m3(magnitude * 2^-d) (shift_tables; exact while d <= 8, rounded
+  to nearest beyond, as the definition says), prmt looks the codes up and adds the signs; 4 tiles of [128, 128]
+  e4m3, 16-byte stores;
 - one CTA barrier; the previous step's MMAs are waited for and promoted, then this step's two wgmma (gate and up
   columns, or L2's two 64-column halves) go out asynchronously: the tensor cores run step i while the threads
   expand step i + 1.
@@ -29,6 +30,7 @@ One CTA of 8 warps per SM (the accumulators and the step's MMA sums take 128 reg
 
 from __future__ import annotations
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -41,6 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ...common.gdc import wait_own_copies_0, wait_own_copies_1
+from ...common.mxfp4 import e2m1_lut
 from ...common.triton_compat import cta_barrier
 from ...common.triton_numerics import situ
 from .ring_loops import _ring_coord
@@ -48,52 +51,29 @@ from .ring_loops import _ring_coord
 RING: gl.constexpr = gl.constexpr(4)  # stages of every ring and weight tiles; the k loop is unrolled by it
 STEP: gl.constexpr = gl.constexpr(128)  # k per step: one promotion block
 
-# $2: a word of 8 codes (code i in bits 4i .. 4i + 3), $3: the f16x2 factor 2^(14 - d) in both halves; $0: codes
-# 0 .. 3 as e4m3 bytes in k order, $1: codes 4 .. 7. A code's magnitude bits (e1 e0 m) placed at f16 bits 11 .. 9
-# read as the code's value times 2^-14 (code 0.5 the one subnormal), its sign at bit 15: two shifts and one lop3
-# ((a | b) & mask) per pair of codes i, i + 4 (one per 16-bit lane); the multiply gives code * 2^-d exactly
-# (f16 holds it down to 2^-24, below e4m3's rounding threshold), the cvt rounds to nearest e4m3 (satfinite) and
-# packs code i, i + 4 in one 16-bit value; two prmt put the bytes in k order. The CPU emulator test runs this text.
-FP4_TO_E4M3_SHIFTED_ASM = """
+# $2: a word of 8 codes (code i in bits 4i .. 4i + 3); $3, $4: the e4m3 bytes of the 8 magnitudes times 2^-d
+# (shift_tables: magnitudes 0 .. 3, 4 .. 7); $0: codes 0 .. 3 as e4m3 bytes in k order, $1: codes 4 .. 7. One prmt
+# looks 4 magnitudes up in the table (its selector nibbles: the codes with their sign bits cleared), one prmt in
+# sign-replicate mode spreads the 4 signs to their bytes (W << 4 holds the even codes' signs at its byte tops, W the
+# odd ones'), one lop3 ORs them in: 10 instructions a word, no conversion. The CPU emulator test runs this text.
+FP4_TO_E4M3_LUT_ASM = """
         {
-        .reg .b32 w8, x, a, b, p;
-        .reg .b16 h0, h1, h2, h3;
-        shr.b32 w8, $2, 8;
-        and.b32 x, $2, 0x000F000F;
-        shl.b32 a, x, 9;
-        shl.b32 b, x, 12;
-        lop3.b32 p, a, b, 0x8E008E00, 0xA8;
-        mul.rn.f16x2 p, p, $3;
-        cvt.rn.satfinite.e4m3x2.f16x2 h0, p;
-        and.b32 x, $2, 0x00F000F0;
-        shl.b32 a, x, 5;
-        shl.b32 b, x, 8;
-        lop3.b32 p, a, b, 0x8E008E00, 0xA8;
-        mul.rn.f16x2 p, p, $3;
-        cvt.rn.satfinite.e4m3x2.f16x2 h1, p;
-        and.b32 x, w8, 0x000F000F;
-        shl.b32 a, x, 9;
-        shl.b32 b, x, 12;
-        lop3.b32 p, a, b, 0x8E008E00, 0xA8;
-        mul.rn.f16x2 p, p, $3;
-        cvt.rn.satfinite.e4m3x2.f16x2 h2, p;
-        and.b32 x, w8, 0x00F000F0;
-        shl.b32 a, x, 5;
-        shl.b32 b, x, 8;
-        lop3.b32 p, a, b, 0x8E008E00, 0xA8;
-        mul.rn.f16x2 p, p, $3;
-        cvt.rn.satfinite.e4m3x2.f16x2 h3, p;
-        mov.b32 a, {h0, h1};
-        mov.b32 b, {h2, h3};
-        prmt.b32 $0, a, b, 0x6420;
-        prmt.b32 $1, a, b, 0x7531;
+        .reg .b32 y, m, s;
+        shl.b32 y, $2, 4;
+        and.b32 m, $2, 0x7777;
+        prmt.b32 m, $3, $4, m;
+        prmt.b32 s, y, $2, 0xD9C8;
+        lop3.b32 $0, m, s, 0x80808080, 0xF8;
+        shr.b32 m, $2, 16;
+        and.b32 m, m, 0x7777;
+        prmt.b32 m, $3, $4, m;
+        prmt.b32 s, y, $2, 0xFBEA;
+        lop3.b32 $1, m, s, 0x80808080, 0xF8;
         }
         """
-_E4M3_TEXT = gl.constexpr(FP4_TO_E4M3_SHIFTED_ASM)
-# The f16 exponent field of 2^(14 - d) is 29 - d; from d = 29 on the factor is 0 (every product then lies below
-# half of e4m3's smallest subnormal, so it rounds to 0 either way).
-_F16_FIELD_AT_0 = gl.constexpr(29)
-_F16X2_EXP = gl.constexpr(0x04000400)  # field << 10 in both halves
+_LUT_TEXT = gl.constexpr(FP4_TO_E4M3_LUT_ASM)
+SHIFTS = 32  # d = 0 .. 31 tabled; from d = 29 on every product lies below half of e4m3's smallest subnormal
+_MAX_SHIFT = gl.constexpr(SHIFTS - 1)
 _NAN_BITS = gl.constexpr(0x7FC00000)
 E8M0_NAN_BYTE = gl.constexpr(255)
 
@@ -117,19 +97,13 @@ def _mma_layout(NW):
 
 
 @gluon.jit
-def expand_e4m3(words, factors):
-    """int32 words (8 codes each) and int32 f16x2 factors 2^(14 - d) -> two int32 tensors: codes 0 .. 3 and 4 .. 7
-    of each word as e4m3 bytes in k order."""
+def expand_e4m3(words, table_lo, table_hi):
+    """int32 words (8 codes each) and their shift tables -> two int32 tensors: codes 0 .. 3 and 4 .. 7 of each word
+    as e4m3 bytes in k order."""
     return gl.inline_asm_elementwise(
-        asm=_E4M3_TEXT, constraints="=r,=r,r,r", args=[words, factors], dtype=(gl.int32, gl.int32), is_pure=True,
-        pack=1,
+        asm=_LUT_TEXT, constraints="=r,=r,r,r,r", args=[words, table_lo, table_hi], dtype=(gl.int32, gl.int32),
+        is_pure=True, pack=1,
     )
-
-
-@gluon.jit
-def _factors(scales, group_exp):
-    """E8M0 bytes of the words and their blocks' largest exponents (int32) -> f16x2 factors 2^(14 - d)."""
-    return gl.maximum(_F16_FIELD_AT_0 - (group_exp - scales), 0) * _F16X2_EXP
 
 
 @gluon.jit
@@ -149,8 +123,8 @@ def _copy_act(buf, a_rows, a_mask, k, live, NW: gl.constexpr):
 
 
 @gluon.jit
-def _w4a8_step(u: gl.constexpr, i, n_steps, ws, rs, wts, acts, w_desc, w_row, s_ptrs, g_ptrs, gs0_ptr, gs1_ptr,
-               as_ptrs, as_mask, a_rows, a_mask, acc0, acc1, t0, t1, scale0, scale1, GATED: gl.constexpr, NW: gl.constexpr):
+def _w4a8_step(u: gl.constexpr, i, n_steps, ws, rs, wts, acts, w_desc, w_row, s_ptrs, g_ptrs, tab_ptr, gs0_ptr,
+               gs1_ptr, as_ptrs, as_mask, a_rows, a_mask, acc0, acc1, t0, t1, scale0, scale1, GATED: gl.constexpr, NW: gl.constexpr):
     k = i * STEP
     mbarrier.wait(rs[u], (i // RING) & 1)
     stage = ws[u]
@@ -162,7 +136,8 @@ def _w4a8_step(u: gl.constexpr, i, n_steps, ws, rs, wts, acts, w_desc, w_row, s_
                               words_l, assert_trivial=True)
     sc = gl.load(s_ptrs + i * 4).to(gl.int32)
     gx = gl.load(g_ptrs + i).to(gl.int32)
-    lo, hi = expand_e4m3(words, _factors(sc, gx))
+    shift = gl.minimum(gx - sc, _MAX_SHIFT)  # >= 0: gx is the block's largest exponent
+    lo, hi = expand_e4m3(words, gl.load(tab_ptr + 2 * shift), gl.load(tab_ptr + 2 * shift + 1))
     tile_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
     wts[u]._reinterpret(gl.int32, [128, 32], tile_l).store(gl.reshape(gl.join(lo, hi), [128, 32]))
     wait_own_copies_1()  # this thread's activation copies of step i (step i + 1's may still fly)
@@ -194,11 +169,11 @@ def _w4a8_step(u: gl.constexpr, i, n_steps, ws, rs, wts, acts, w_desc, w_row, s_
 
 
 @gluon.jit
-def _w4a8_mainloop(w_desc, w_row, s_ptrs, g_ptrs, gs0_ptr, gs1_ptr, as_ptrs, as_mask, a_rows, a_mask, K,
+def _w4a8_mainloop(w_desc, w_row, s_ptrs, g_ptrs, tab_ptr, gs0_ptr, gs1_ptr, as_ptrs, as_mask, a_rows, a_mask, K,
                    GATED: gl.constexpr, NW: gl.constexpr):
     """(acc0, acc1) [128 rows, 64]: the rows' activations times weight rows 0 .. 63 and 64 .. 127 of the tile over K,
     promoted per 128-wide step. s_ptrs: the thread's E8M0 bytes at k = 0 ([128, 4, 1]); g_ptrs: its rows' block
-    exponents at k = 0 ([128, 1, 1]); gs0_ptr, gs1_ptr: the two 64-row blocks' exponents at k = 0; as_ptrs, as_mask:
+    exponents at k = 0 ([128, 1, 1]); tab_ptr: shift_tables' int32 pairs; gs0_ptr, gs1_ptr: the two 64-row blocks' exponents at k = 0; as_ptrs, as_mask:
     the rows' activation scales at k = 0 (the MMA's row layout); a_rows, a_mask: the rows' e4m3 activations."""
     mma_l: gl.constexpr = _mma_layout(NW)
     w_shape: gl.constexpr = w_desc.block_type.shape
@@ -237,8 +212,8 @@ def _w4a8_mainloop(w_desc, w_row, s_ptrs, g_ptrs, gs0_ptr, gs1_ptr, as_ptrs, as_
     for i0 in range(0, n_steps, RING):
         for u in gl.static_range(RING):
             acc0, acc1, t0, t1, scale0, scale1 = _w4a8_step(
-                u, i0 + u, n_steps, ws, rs, wts, acts, w_desc, w_row, s_ptrs, g_ptrs, gs0_ptr, gs1_ptr, as_ptrs,
-                as_mask, a_rows, a_mask, acc0, acc1, t0, t1, scale0, scale1, GATED, NW)
+                u, i0 + u, n_steps, ws, rs, wts, acts, w_desc, w_row, s_ptrs, g_ptrs, tab_ptr, gs0_ptr, gs1_ptr,
+                as_ptrs, as_mask, a_rows, a_mask, acc0, acc1, t0, t1, scale0, scale1, GATED, NW)
     t0, t1 = warpgroup_mma_wait(num_outstanding=0, deps=(t0, t1))
     wait_own_copies_0()  # the dead steps' copies, before the buffers go
     return acc0 + t0 * scale0[:, None], acc1 + t1 * scale1[:, None]
@@ -260,7 +235,7 @@ def _weight_ptrs(s_ptr, g_ptr, expert, row_a, row_b, row_scales, stride_se, stri
 
 
 @gluon.jit(do_not_specialize=["top_k"])
-def l1_w4a8_kernel(z8_ptr, zs_ptr, s_ptr, g_ptr, sorted_ptr, block_expert_ptr, act_ptr, inter, K, row_scales, top_k,
+def l1_w4a8_kernel(z8_ptr, zs_ptr, s_ptr, g_ptr, tab_ptr, sorted_ptr, block_expert_ptr, act_ptr, inter, K, row_scales, top_k,
                    stride_se, stride_ge, beta, lin_beta, w_desc, BM: gl.constexpr, num_warps: gl.constexpr):
     """act[block rows, n0 .. n0 + 64] = bf16(SiTU(gate, up)) from the e4m3 z rows (z8, zs: quantize_1x128(z)); one
     program per (128-row block, 64 columns); the 64 gate rows and the same columns' up rows in one 3-d TMA box."""
@@ -282,7 +257,7 @@ def l1_w4a8_kernel(z8_ptr, zs_ptr, s_ptr, g_ptr, sorted_ptr, block_expert_ptr, a
         blocks = K // STEP
         s_ptrs, g_ptrs, gs0, gs1 = _weight_ptrs(s_ptr, g_ptr, expert, n0, inter + n0, row_scales, stride_se,
                                                 stride_ge, blocks, NW)
-        acc_g, acc_u = _w4a8_mainloop(w_desc, (2 * expert, n0), s_ptrs, g_ptrs, gs0, gs1,
+        acc_g, acc_u = _w4a8_mainloop(w_desc, (2 * expert, n0), s_ptrs, g_ptrs, tab_ptr, gs0, gs1,
                                       zs_ptr + tok_m.to(gl.int64) * blocks, pair_m >= 0, a_rows, (pair >= 0)[:, None],
                                       K, True, NW)
         h = situ(acc_g, acc_u, beta, lin_beta)
@@ -292,7 +267,7 @@ def l1_w4a8_kernel(z8_ptr, zs_ptr, s_ptr, g_ptr, sorted_ptr, block_expert_ptr, a
 
 
 @gluon.jit
-def l2_w4a8_kernel(a8_ptr, as_ptr, s_ptr, g_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, latent, K, row_scales,
+def l2_w4a8_kernel(a8_ptr, as_ptr, s_ptr, g_ptr, tab_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, latent, K, row_scales,
                    stride_se, stride_ge, w_desc, BM: gl.constexpr, num_warps: gl.constexpr):
     """pairs[pair of row, n0 .. n0 + 128] = act[row] @ W2^T (FP32) from the e4m3 act rows (a8, as:
     quantize_1x128(act, live=sorted pairs)) for the valid rows of each block; one program per (block, 128
@@ -315,10 +290,19 @@ def l2_w4a8_kernel(a8_ptr, as_ptr, s_ptr, g_ptr, sorted_ptr, block_expert_ptr, p
         blocks = K // STEP
         s_ptrs, g_ptrs, gs0, gs1 = _weight_ptrs(s_ptr, g_ptr, expert, n0, n0 + 64, row_scales, stride_se, stride_ge,
                                                 blocks, NW)
-        acc0, acc1 = _w4a8_mainloop(w_desc, expert * latent + n0, s_ptrs, g_ptrs, gs0, gs1,
+        acc0, acc1 = _w4a8_mainloop(w_desc, expert * latent + n0, s_ptrs, g_ptrs, tab_ptr, gs0, gs1,
                                     as_ptr + om.to(gl.int64) * blocks, pair >= 0, a_rows, a_mask, K, False, NW)
         on = n0 + gl.arange(0, 64, layout=gl.SliceLayout(0, mma_l))
         dest = pairs_ptr + pair[:, None].to(gl.int64) * latent + on[None, :]
         live = (pair >= 0)[:, None] & (on >= 0)[None, :]
         gl.store(dest, acc0, mask=live)
         gl.store(dest + 64, acc1, mask=live)
+
+
+def shift_tables(device: torch.device) -> torch.Tensor:
+    """int32 [SHIFTS, 2]: row d holds the e4m3 bytes of e2m1 magnitudes 0 .. 7 times 2^-d (round to nearest even),
+    magnitudes 0 .. 3 in the first word, 4 .. 7 in the second, little-endian (the prmt table of expand_e4m3)."""
+    mags = e2m1_lut(torch.device("cpu"))[:8].double()
+    d = torch.arange(SHIFTS, dtype=torch.float64)
+    table = (mags[None, :] * torch.exp2(-d)[:, None]).to(torch.float8_e4m3fn).view(torch.uint8)
+    return table.contiguous().view(torch.int32).reshape(SHIFTS, 2).to(device)
