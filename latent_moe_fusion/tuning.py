@@ -222,6 +222,12 @@ class TuningOverrides:
         "shared-memory ring filled by cp.async (1 or 3 steps ahead) or by TMA. K slices, and a K that is not a "
         "whole number of ring rounds, take the loads. All give the same bits.",
         "ops/routed/gluon/__init__.py")
+    w4a8_rows: str | None = _knob(
+        "`64`, `128`",
+        "`64` (two CTAs per SM).",
+        "Weight rows per program of the opt-in W4A8 prefill kernels (LMF_ROUTED_W4A8): 64 (two CTAs of 8 warps per "
+        "SM, 128 registers) or 128 (one CTA per SM). Same numerics.",
+        "ops/routed/w4a8_path.py")
     mxfp4_load_order: str | None = _knob(
         "`auto`, `early`, `late`",
         "`auto`: late for 32-row MMAs, early for 16-row ones.",

@@ -6,6 +6,7 @@ LMF_ROUTED_W4A8=1 against both float64 forms, a CUDA graph replay, and bad input
 import pytest
 import torch
 
+from latent_moe_fusion import tuning
 from latent_moe_fusion.ops.common.mxfp4 import quantize_mxfp4
 from latent_moe_fusion.ops.routed.triton.moe_align import group_by_expert
 from latent_moe_fusion.ops.routed.w4a8_numerics import (
@@ -15,7 +16,7 @@ from latent_moe_fusion.ops.routed.w4a8_numerics import (
     quantize_activations,
     routed_experts64,
 )
-from latent_moe_fusion.ops.routed.w4a8_path import launch_l1_w4a8, launch_l2_w4a8
+from latent_moe_fusion.ops.routed.w4a8_path import W4A8_ROWS, launch_l1_w4a8, launch_l2_w4a8
 
 pytestmark = pytest.mark.gpu
 BETA, LIN_BETA = 4.0, 25.0
@@ -84,12 +85,18 @@ def _layer_case(m: int, experts: int, top_k: int, latent: int, inter: int, seed:
 
 
 @needs_sm90
+@pytest.mark.parametrize("rows", W4A8_ROWS)
 @pytest.mark.parametrize("m,experts,top_k,latent,inter", [
     (700, 4, 2, 3584, 3072),  # Kimi K3's L and I; full, partial and (after 20 % dropped) uneven blocks
     (130, 6, 3, 1024, 512),  # blocks of one to a few rows, most half empty
     (3, 8, 2, 512, 1024),  # one-row blocks; unused blocks beyond the used ones
 ])
-def test_l1_and_l2_match_the_definition_at_every_kernel_shape(m, experts, top_k, latent, inter):
+def test_l1_and_l2_match_the_definition_at_every_kernel_shape(m, experts, top_k, latent, inter, rows):
+    with tuning.overrides(w4a8_rows=str(rows)):
+        _check_layers(m, experts, top_k, latent, inter)
+
+
+def _check_layers(m, experts, top_k, latent, inter):
     z, ids, weights, p13, s13, p2, s2, grouping = _layer_case(m, experts, top_k, latent, inter, m)
     sorted_pairs, block_expert = grouping.sorted_pairs, grouping.block_expert
     blocks = block_expert.numel()
@@ -163,8 +170,14 @@ def test_bad_inputs_say_what_is_wrong():
 
 
 @needs_sm90
+@pytest.mark.parametrize("rows", W4A8_ROWS)
 @pytest.mark.parametrize("which", ["l1", "l2"])
-def test_exact_operands_give_the_exact_sums(which):
+def test_exact_operands_give_the_exact_sums(which, rows):
+    with tuning.overrides(w4a8_rows=str(rows)):
+        _check_exact(which)
+
+
+def _check_exact(which):
     """Operands whose every partial sum is a short binary number (small integers, e2m1 codes, unit scales, 448 in
     each 128-block on a zero weight to pin the activation scale at 1): the kernel's sums must equal float64's, so a
     wrong byte, block or scale anywhere shows, apart from any rounding."""

@@ -27,8 +27,8 @@ L2_SIG = {"a8_ptr": "*fp8e4nv", "as_ptr": "*fp32", "s_ptr": "*u8", "g_ptr": "*u8
           "stride_se": "i32", "stride_ge": "i32"}
 
 
-def compile_sm90(which: str) -> triton.compiler.CompiledKernel:
-    """L1 or L2 as w4a8_path.launch_l1_w4a8 / launch_l2_w4a8 compile it."""
+def compile_sm90(which: str, rows: int) -> triton.compiler.CompiledKernel:
+    """L1 or L2 as w4a8_path.launch_l1_w4a8 / launch_l2_w4a8 compile it for programs of `rows` weight rows."""
     from triton.experimental.gluon import language as gl
 
     from latent_moe_fusion.ops.routed.gluon import routed_w4a8 as rw
@@ -36,11 +36,14 @@ def compile_sm90(which: str) -> triton.compiler.CompiledKernel:
     fn, sig = (rw.l1_w4a8_kernel, L1_SIG) if which == "l1" else (rw.l2_w4a8_kernel, L2_SIG)
     # Integer arguments the launcher passes are multiples of 16 at the real sizes (what the JIT specialises on).
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items()) if t != "fp32" and n != "top_k"}
-    box = "2, 64, 16" if which == "l1" else "128, 16"
+    box = f"2, {rows // 2}, 16" if which == "l1" else f"{rows}, 16"
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3 if which == "l1" else 2)
-    sig = dict(sig, w_desc=f"tensordesc<i32[{box}],{layout!r}>", BM="constexpr", num_warps="constexpr")
-    src = ast_source(fn, sig, {"BM": wp.W4A8_BLOCK_ROWS, "num_warps": wp.W4A8_WARPS}, attrs, gluon=True)
-    return triton.compile(src, target=SM90, options={"num_warps": wp.W4A8_WARPS})
+    sig = dict(sig, w_desc=f"tensordesc<i32[{box}],{layout!r}>", BM="constexpr", BN="constexpr", num_warps="constexpr")
+    src = ast_source(fn, sig, {"BM": wp.W4A8_BLOCK_ROWS, "BN": rows, "num_warps": wp.W4A8_WARPS}, attrs, gluon=True)
+    options = {"num_warps": wp.W4A8_WARPS}
+    if wp.W4A8_MAX_REGISTERS[rows] is not None:
+        options["maxnreg"] = wp.W4A8_MAX_REGISTERS[rows]
+    return triton.compile(src, target=SM90, options=options)
 
 
 def k_loop(sass: str) -> list[str]:
@@ -50,14 +53,14 @@ def k_loop(sass: str) -> list[str]:
     return max(loops, key=lambda r: (sum(o.startswith(("HGMMA", "QGMMA")) for o in r), len(r)), default=[])
 
 
-def stats(which: str) -> dict:
-    kernel = compile_sm90(which)
+def stats(which: str, rows: int) -> dict:
+    kernel = compile_sm90(which, rows)
     sass = sass_of(kernel.asm["cubin"])
     ops = k_loop(sass)
     hist = collections.Counter(op.split(".")[0] for op in ops)
     steps = hist["QGMMA"] / 8  # two [128 x 64 x 128] MMAs a step, 4 k32 wgmma each
     return {
-        "kernel": f"{which}_w4a8_kernel", "warps": wp.W4A8_WARPS,
+        "kernel": f"{which}_w4a8_kernel", "rows": rows, "warps": wp.W4A8_WARPS,
         "registers": registers(kernel.asm["cubin"]), "spills": spills(sass),
         "shared_bytes": kernel.metadata.shared, "steps_in_loop": steps,
         "loop_instr": round(len(ops) / max(steps, 1), 1),
@@ -76,11 +79,13 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for which in ("l1", "l2"):
-        rows.append(stats(which))
-        print(rows[-1], flush=True)
-        if args.dump:
-            Path(args.dump).mkdir(parents=True, exist_ok=True)
-            (Path(args.dump) / f"{which}_w4a8.sass").write_text(sass_of(compile_sm90(which).asm["cubin"]))
+        for weight_rows in wp.W4A8_ROWS:
+            rows.append(stats(which, weight_rows))
+            print(rows[-1], flush=True)
+            if args.dump:
+                Path(args.dump).mkdir(parents=True, exist_ok=True)
+                sass = sass_of(compile_sm90(which, weight_rows).asm["cubin"])
+                (Path(args.dump) / f"{which}_w4a8_{weight_rows}.sass").write_text(sass)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "w4a8_sass.json").write_text(json.dumps(rows, indent=1) + "\n")

@@ -13,13 +13,27 @@ import weakref
 
 import torch
 
+from latent_moe_fusion import tuning
+
 from ..common.mxfp4 import BLOCK as MXFP4_BLOCK
 from .w4a8_numerics import ACT_BLOCK, WEIGHT_BLOCK_ROWS, block_exponents
 
 W4A8_BLOCK_ROWS = 128  # token rows per program: the staged blocks
 W4A8_WARPS = 8  # two warp groups of 64 token rows
 W4A8_K_MULTIPLE = 4 * ACT_BLOCK  # whole rounds of the 4-stage rings of 128-wide steps
-W4A8_L2_COLUMNS = 128  # L2's weight rows per program (two 64-row blocks)
+# Weight rows per program: 64 (two CTAs of 8 warps per SM under a 128-register cap, 112 KB of shared memory each)
+# or 128 (one CTA per SM: accumulators and step sums take 128 registers a thread). The w4a8_rows override picks.
+W4A8_ROWS = (64, 128)
+W4A8_DEFAULT_ROWS = 64
+W4A8_MAX_REGISTERS = {64: 128, 128: None}
+ROWS_OVERRIDE = "w4a8_rows"
+tuning.register(ROWS_OVERRIDE, tuning.choice(tuple(map(str, W4A8_ROWS)), "weight rows per W4A8 program"))
+
+
+def w4a8_rows() -> int:
+    """Weight rows per program of the W4A8 kernels (the w4a8_rows override, else W4A8_DEFAULT_ROWS)."""
+    chosen = tuning.current().w4a8_rows
+    return W4A8_DEFAULT_ROWS if chosen is None else int(chosen)
 
 
 def w4a8_shape_reason(latent: int, inter: int, weight_format: str, dtype: torch.dtype,
@@ -74,18 +88,18 @@ def clear_block_exponents() -> None:
     _exponents.clear()
 
 
-def _descriptor(words: torch.Tensor, gated: bool):
-    """TMA descriptor of a step's weight words: [2E, I, K/8] int32 with 64 gate rows and the same columns' up rows
-    (L1), else [E * N, K/8] with 128 rows (L2); 16 words (128 k) per row."""
+def _descriptor(words: torch.Tensor, gated: bool, rows: int):
+    """TMA descriptor of a step's weight words for programs of `rows` weight rows: [2E, I, K/8] int32 with rows / 2
+    gate rows and the same columns' up rows (L1), else [E * N, K/8] (L2); 16 words (128 k) per row."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     if gated:
         view = words.view(words.shape[0] * 2, words.shape[1] // 2, words.shape[2])
-        block = [2, WEIGHT_BLOCK_ROWS, ACT_BLOCK // 8]
+        block = [2, rows // 2, ACT_BLOCK // 8]
     else:
         view = words.view(-1, words.shape[-1])
-        block = [W4A8_L2_COLUMNS, ACT_BLOCK // 8]
+        block = [rows, ACT_BLOCK // 8]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=view.dim())
     return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
 
@@ -119,13 +133,15 @@ def launch_l1_w4a8(
 
     latent, inter = z.shape[1], w13.shape[1] // 2
     _check(z, w13, w13_scale, latent, inter, WEIGHT_BLOCK_ROWS)
+    rows = w4a8_rows()
     z8, zs = quantize_1x128(z.contiguous())
     exps = block_exponents_of(w13_scale)
-    grid = (num_blocks * (inter // WEIGHT_BLOCK_ROWS),)
+    grid = (num_blocks * (inter // (rows // 2)),)
     l1_w4a8_kernel[grid](
         z8, zs, w13_scale, exps, _shift_tables(z.device), sorted_pairs, block_expert, act, inter, latent, latent // MXFP4_BLOCK, top_k,
-        w13_scale.stride(0), exps.stride(0), float(beta), float(lin_beta), _descriptor(w13.view(torch.int32), True),
-        BM=W4A8_BLOCK_ROWS, num_warps=W4A8_WARPS,
+        w13_scale.stride(0), exps.stride(0), float(beta), float(lin_beta),
+        _descriptor(w13.view(torch.int32), True, rows), BM=W4A8_BLOCK_ROWS, BN=rows, num_warps=W4A8_WARPS,
+        maxnreg=W4A8_MAX_REGISTERS[rows],
     )
 
 
@@ -138,13 +154,13 @@ def launch_l2_w4a8(
     from .triton.quantize_1x128 import quantize_1x128
 
     latent, inter = w2.shape[1], act.shape[1]
-    _check(act, w2, w2_scale, inter, latent, W4A8_L2_COLUMNS)
-    rows = num_blocks * W4A8_BLOCK_ROWS
-    a8, a_scales = quantize_1x128(act[:rows], live=sorted_pairs)
+    rows = w4a8_rows()
+    _check(act, w2, w2_scale, inter, latent, rows)
+    a8, a_scales = quantize_1x128(act[: num_blocks * W4A8_BLOCK_ROWS], live=sorted_pairs)
     exps = block_exponents_of(w2_scale)
-    grid = (num_blocks * (latent // W4A8_L2_COLUMNS),)
+    grid = (num_blocks * (latent // rows),)
     l2_w4a8_kernel[grid](
         a8, a_scales, w2_scale, exps, _shift_tables(act.device), sorted_pairs, block_expert, pairs, latent, inter, inter // MXFP4_BLOCK,
-        w2_scale.stride(0), exps.stride(0), _descriptor(w2.view(torch.int32), False), BM=W4A8_BLOCK_ROWS,
-        num_warps=W4A8_WARPS,
+        w2_scale.stride(0), exps.stride(0), _descriptor(w2.view(torch.int32), False, rows), BM=W4A8_BLOCK_ROWS,
+        BN=rows, num_warps=W4A8_WARPS, maxnreg=W4A8_MAX_REGISTERS[rows],
     )

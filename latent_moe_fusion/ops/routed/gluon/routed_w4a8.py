@@ -80,8 +80,8 @@ E8M0_NAN_BYTE = gl.constexpr(255)
 
 @gluon.constexpr_function
 def _words_layout(NW):
-    """int32 words [128, 4, 4] (row, 32-k chunk, word) of one step: a thread holds one chunk (4 words, one E8M0
-    byte) of rows r and r + 64: 16-byte loads, 4 threads a row."""
+    """int32 words [BN, 4, 4] (row, 32-k chunk, word) of one step: a thread holds one chunk (4 words, one E8M0
+    byte) of row r (and r + 64 where BN = 128): 16-byte loads, 4 threads a row."""
     return gl.BlockedLayout([1, 1, 4], [8, 4, 1], [NW, 1, 1], [2, 1, 0])
 
 
@@ -92,8 +92,9 @@ def _act_layout(NW):
 
 
 @gluon.constexpr_function
-def _mma_layout(NW):
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, 64, 32])
+def _mma_layout(NW, HALF):
+    """The accumulators [128 tokens, HALF weight rows]: HALF = BN / 2 columns a wgmma."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, HALF, 32])
 
 
 @gluon.jit
@@ -124,22 +125,23 @@ def _copy_act(buf, a_rows, a_mask, k, live, NW: gl.constexpr):
 
 @gluon.jit
 def _w4a8_step(u: gl.constexpr, i, n_steps, ws, rs, wts, acts, w_desc, w_row, s_ptrs, g_ptrs, tab_ptr, gs0_ptr,
-               gs1_ptr, as_ptrs, as_mask, a_rows, a_mask, acc0, acc1, t0, t1, scale0, scale1, GATED: gl.constexpr, NW: gl.constexpr):
+               gs1_ptr, as_ptrs, as_mask, a_rows, a_mask, acc0, acc1, t0, t1, scale0, scale1, GATED: gl.constexpr,
+               BN: gl.constexpr, NW: gl.constexpr):
     k = i * STEP
     mbarrier.wait(rs[u], (i // RING) & 1)
     stage = ws[u]
     if GATED:
-        stage = stage._reinterpret(gl.int32, [128, 16],
+        stage = stage._reinterpret(gl.int32, [BN, 16],
                                    gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
     words_l: gl.constexpr = _words_layout(NW)
-    words = gl.convert_layout(gl.reshape(stage.load(gl.BlockedLayout([1, 4], [8, 4], [NW, 1], [1, 0])), [128, 4, 4]),
+    words = gl.convert_layout(gl.reshape(stage.load(gl.BlockedLayout([1, 4], [8, 4], [NW, 1], [1, 0])), [BN, 4, 4]),
                               words_l, assert_trivial=True)
     sc = gl.load(s_ptrs + i * 4).to(gl.int32)
     gx = gl.load(g_ptrs + i).to(gl.int32)
     shift = gl.minimum(gx - sc, _MAX_SHIFT)  # >= 0: gx is the block's largest exponent
     lo, hi = expand_e4m3(words, gl.load(tab_ptr + 2 * shift), gl.load(tab_ptr + 2 * shift + 1))
     tile_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
-    wts[u]._reinterpret(gl.int32, [128, 32], tile_l).store(gl.reshape(gl.join(lo, hi), [128, 32]))
+    wts[u]._reinterpret(gl.int32, [BN, 32], tile_l).store(gl.reshape(gl.join(lo, hi), [BN, 32]))
     wait_own_copies_1()  # this thread's activation copies of step i (step i + 1's may still fly)
     fence_async_shared()  # the tile's stores (generic proxy) before the wgmma's reads (async proxy)
     # Every thread's tile stores and activation copies of step i are in; every warp group has waited for the
@@ -159,8 +161,8 @@ def _w4a8_step(u: gl.constexpr, i, n_steps, ws, rs, wts, acts, w_desc, w_row, s_
     scale0 = a_scale * _block_scale(gl.load(gs0_ptr + i).to(gl.int32))
     scale1 = a_scale * _block_scale(gl.load(gs1_ptr + i).to(gl.int32))
     tile = wts[u]
-    t0 = warpgroup_mma(acts[u], tile.slice(0, 64).permute((1, 0)), t0, use_acc=False, is_async=True)
-    t1 = warpgroup_mma(acts[u], tile.slice(64, 64).permute((1, 0)), t1, use_acc=False, is_async=True)
+    t0 = warpgroup_mma(acts[u], tile.slice(0, BN // 2).permute((1, 0)), t0, use_acc=False, is_async=True)
+    t1 = warpgroup_mma(acts[u], tile.slice(BN // 2, BN // 2).permute((1, 0)), t1, use_acc=False, is_async=True)
     # Tensors of the sums in flight (no wait). The accumulators ride along as dependencies: otherwise the compiler
     # sinks the promotions to the end of the unrolled steps and keeps every step's sums live (255 registers, spills,
     # serialised wgmma).
@@ -170,12 +172,14 @@ def _w4a8_step(u: gl.constexpr, i, n_steps, ws, rs, wts, acts, w_desc, w_row, s_
 
 @gluon.jit
 def _w4a8_mainloop(w_desc, w_row, s_ptrs, g_ptrs, tab_ptr, gs0_ptr, gs1_ptr, as_ptrs, as_mask, a_rows, a_mask, K,
-                   GATED: gl.constexpr, NW: gl.constexpr):
-    """(acc0, acc1) [128 rows, 64]: the rows' activations times weight rows 0 .. 63 and 64 .. 127 of the tile over K,
-    promoted per 128-wide step. s_ptrs: the thread's E8M0 bytes at k = 0 ([128, 4, 1]); g_ptrs: its rows' block
-    exponents at k = 0 ([128, 1, 1]); tab_ptr: shift_tables' int32 pairs; gs0_ptr, gs1_ptr: the two 64-row blocks' exponents at k = 0; as_ptrs, as_mask:
+                   GATED: gl.constexpr, BN: gl.constexpr, NW: gl.constexpr):
+    """(acc0, acc1) [128 rows, BN / 2]: the rows' activations times the tile's two halves of weight rows over K,
+    promoted per 128-wide step. s_ptrs: the thread's E8M0 bytes at k = 0 ([BN, 4, 1]); g_ptrs: its rows' block
+    exponents at k = 0 ([BN, 1, 1]); tab_ptr: shift_tables' int32 pairs; gs0_ptr, gs1_ptr: the halves' blocks'
+    exponents at k = 0; as_ptrs, as_mask:
     the rows' activation scales at k = 0 (the MMA's row layout); a_rows, a_mask: the rows' e4m3 activations."""
-    mma_l: gl.constexpr = _mma_layout(NW)
+    HALF: gl.constexpr = BN // 2
+    mma_l: gl.constexpr = _mma_layout(NW, HALF)
     w_shape: gl.constexpr = w_desc.block_type.shape
     # Separate allocations: the compiler's barrier analysis tells them apart (views of one alias in its eyes).
     ws = (gl.allocate_shared_memory(w_desc.dtype, w_shape, w_desc.layout),
@@ -186,10 +190,10 @@ def _w4a8_mainloop(w_desc, w_row, s_ptrs, g_ptrs, tab_ptr, gs0_ptr, gs1_ptr, as_
     rs = (gl.allocate_shared_memory(gl.int64, [1], bar_l), gl.allocate_shared_memory(gl.int64, [1], bar_l),
           gl.allocate_shared_memory(gl.int64, [1], bar_l), gl.allocate_shared_memory(gl.int64, [1], bar_l))
     op_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-    wts = (gl.allocate_shared_memory(gl.float8e4nv, [128, STEP], op_l),
-           gl.allocate_shared_memory(gl.float8e4nv, [128, STEP], op_l),
-           gl.allocate_shared_memory(gl.float8e4nv, [128, STEP], op_l),
-           gl.allocate_shared_memory(gl.float8e4nv, [128, STEP], op_l))
+    wts = (gl.allocate_shared_memory(gl.float8e4nv, [BN, STEP], op_l),
+           gl.allocate_shared_memory(gl.float8e4nv, [BN, STEP], op_l),
+           gl.allocate_shared_memory(gl.float8e4nv, [BN, STEP], op_l),
+           gl.allocate_shared_memory(gl.float8e4nv, [BN, STEP], op_l))
     acts = (gl.allocate_shared_memory(gl.float8e4nv, [128, STEP], op_l),
             gl.allocate_shared_memory(gl.float8e4nv, [128, STEP], op_l),
             gl.allocate_shared_memory(gl.float8e4nv, [128, STEP], op_l),
@@ -203,30 +207,33 @@ def _w4a8_mainloop(w_desc, w_row, s_ptrs, g_ptrs, tab_ptr, gs0_ptr, gs1_ptr, as_
                                         pred=st < n_steps)
     _copy_act(acts[0], a_rows, a_mask, 0, n_steps > 0, NW)
     _copy_act(acts[1], a_rows, a_mask, STEP, n_steps > 1, NW)
-    acc0 = gl.zeros([128, 64], gl.float32, layout=mma_l)
-    acc1 = gl.zeros([128, 64], gl.float32, layout=mma_l)
-    t0 = gl.zeros([128, 64], gl.float32, layout=mma_l)
-    t1 = gl.zeros([128, 64], gl.float32, layout=mma_l)
+    acc0 = gl.zeros([128, HALF], gl.float32, layout=mma_l)
+    acc1 = gl.zeros([128, HALF], gl.float32, layout=mma_l)
+    t0 = gl.zeros([128, HALF], gl.float32, layout=mma_l)
+    t1 = gl.zeros([128, HALF], gl.float32, layout=mma_l)
     scale0 = gl.zeros([128], gl.float32, layout=gl.SliceLayout(1, mma_l))
     scale1 = gl.zeros([128], gl.float32, layout=gl.SliceLayout(1, mma_l))
     for i0 in range(0, n_steps, RING):
         for u in gl.static_range(RING):
             acc0, acc1, t0, t1, scale0, scale1 = _w4a8_step(
                 u, i0 + u, n_steps, ws, rs, wts, acts, w_desc, w_row, s_ptrs, g_ptrs, tab_ptr, gs0_ptr, gs1_ptr,
-                as_ptrs, as_mask, a_rows, a_mask, acc0, acc1, t0, t1, scale0, scale1, GATED, NW)
+                as_ptrs, as_mask, a_rows, a_mask, acc0, acc1, t0, t1, scale0, scale1, GATED, BN, NW)
     t0, t1 = warpgroup_mma_wait(num_outstanding=0, deps=(t0, t1))
     wait_own_copies_0()  # the dead steps' copies, before the buffers go
     return acc0 + t0 * scale0[:, None], acc1 + t1 * scale1[:, None]
 
 
 @gluon.jit
-def _weight_ptrs(s_ptr, g_ptr, expert, row_a, row_b, row_scales, stride_se, stride_ge, blocks, NW: gl.constexpr):
-    """Pointers at k = 0 for a tile of weight rows row_a .. row_a + 64 then row_b .. row_b + 64 (multiples of 64):
-    the thread's E8M0 bytes [128, 4, 1], its rows' block exponents [128, 1, 1], and the two blocks' (scalars)."""
+def _weight_ptrs(s_ptr, g_ptr, expert, row_a, row_b, row_scales, stride_se, stride_ge, blocks, BN: gl.constexpr,
+                 NW: gl.constexpr):
+    """Pointers at k = 0 for a tile of weight rows row_a .. row_a + BN / 2 then row_b .. row_b + BN / 2 (each half
+    inside one 64-row exponent block): the thread's E8M0 bytes [BN, 4, 1], its rows' block exponents [BN, 1, 1], and
+    the two halves' blocks' (scalars)."""
     words_l: gl.constexpr = _words_layout(NW)
-    r = gl.arange(0, 128, layout=gl.SliceLayout(1, gl.SliceLayout(2, words_l)))
+    HALF: gl.constexpr = BN // 2
+    r = gl.arange(0, BN, layout=gl.SliceLayout(1, gl.SliceLayout(2, words_l)))
     c = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, words_l)))
-    rows = gl.where(r < 64, row_a + r, row_b + r - 64)
+    rows = gl.where(r < HALF, row_a + r, row_b + r - HALF)
     s_base = s_ptr + expert.to(gl.int64) * stride_se
     s_ptrs = (s_base + rows[:, None].to(gl.int64) * row_scales + c[None, :])[:, :, None]
     g_base = g_ptr + expert.to(gl.int64) * stride_ge
@@ -235,15 +242,17 @@ def _weight_ptrs(s_ptr, g_ptr, expert, row_a, row_b, row_scales, stride_se, stri
 
 
 @gluon.jit(do_not_specialize=["top_k"])
-def l1_w4a8_kernel(z8_ptr, zs_ptr, s_ptr, g_ptr, tab_ptr, sorted_ptr, block_expert_ptr, act_ptr, inter, K, row_scales, top_k,
-                   stride_se, stride_ge, beta, lin_beta, w_desc, BM: gl.constexpr, num_warps: gl.constexpr):
-    """act[block rows, n0 .. n0 + 64] = bf16(SiTU(gate, up)) from the e4m3 z rows (z8, zs: quantize_1x128(z)); one
-    program per (128-row block, 64 columns); the 64 gate rows and the same columns' up rows in one 3-d TMA box."""
+def l1_w4a8_kernel(z8_ptr, zs_ptr, s_ptr, g_ptr, tab_ptr, sorted_ptr, block_expert_ptr, act_ptr, inter, K, row_scales,
+                   top_k, stride_se, stride_ge, beta, lin_beta, w_desc, BM: gl.constexpr, BN: gl.constexpr,
+                   num_warps: gl.constexpr):
+    """act[block rows, n0 .. n0 + BN / 2] = bf16(SiTU(gate, up)) from the e4m3 z rows (z8, zs: quantize_1x128(z));
+    one program per (128-row block, BN / 2 columns); the gate rows and the same columns' up rows in one 3-d TMA box."""
     NW: gl.constexpr = num_warps
+    HALF: gl.constexpr = BN // 2
     pid = gl.program_id(0)
-    tiles_n = inter // 64
+    tiles_n = inter // HALF
     blk = pid // tiles_n
-    n0 = (pid % tiles_n) * 64
+    n0 = (pid % tiles_n) * HALF
     expert = gl.load(block_expert_ptr + blk)
     if expert >= 0:
         row0 = blk * BM
@@ -251,32 +260,33 @@ def l1_w4a8_kernel(z8_ptr, zs_ptr, s_ptr, g_ptr, tab_ptr, sorted_ptr, block_expe
         pair = gl.load(sorted_ptr + row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, act_l)))
         tok = gl.where(pair >= 0, pair // top_k, 0)
         a_rows = (z8_ptr + tok.to(gl.int64) * K)[:, None]
-        mma_l: gl.constexpr = _mma_layout(NW)
+        mma_l: gl.constexpr = _mma_layout(NW, HALF)
         pair_m = gl.load(sorted_ptr + row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_l)))
         tok_m = gl.where(pair_m >= 0, pair_m // top_k, 0)
         blocks = K // STEP
         s_ptrs, g_ptrs, gs0, gs1 = _weight_ptrs(s_ptr, g_ptr, expert, n0, inter + n0, row_scales, stride_se,
-                                                stride_ge, blocks, NW)
+                                                stride_ge, blocks, BN, NW)
         acc_g, acc_u = _w4a8_mainloop(w_desc, (2 * expert, n0), s_ptrs, g_ptrs, tab_ptr, gs0, gs1,
                                       zs_ptr + tok_m.to(gl.int64) * blocks, pair_m >= 0, a_rows, (pair >= 0)[:, None],
-                                      K, True, NW)
+                                      K, True, BN, NW)
         h = situ(acc_g, acc_u, beta, lin_beta)
-        on = n0 + gl.arange(0, 64, layout=gl.SliceLayout(0, mma_l))
+        on = n0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, mma_l))
         om = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_l))
         gl.store(act_ptr + om[:, None].to(gl.int64) * inter + on[None, :], h.to(act_ptr.dtype.element_ty))
 
 
 @gluon.jit
 def l2_w4a8_kernel(a8_ptr, as_ptr, s_ptr, g_ptr, tab_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, latent, K, row_scales,
-                   stride_se, stride_ge, w_desc, BM: gl.constexpr, num_warps: gl.constexpr):
-    """pairs[pair of row, n0 .. n0 + 128] = act[row] @ W2^T (FP32) from the e4m3 act rows (a8, as:
-    quantize_1x128(act, live=sorted pairs)) for the valid rows of each block; one program per (block, 128
+                   stride_se, stride_ge, w_desc, BM: gl.constexpr, BN: gl.constexpr, num_warps: gl.constexpr):
+    """pairs[pair of row, n0 .. n0 + BN] = act[row] @ W2^T (FP32) from the e4m3 act rows (a8, as:
+    quantize_1x128(act, live=sorted pairs)) for the valid rows of each block; one program per (block, BN
     columns)."""
     NW: gl.constexpr = num_warps
+    HALF: gl.constexpr = BN // 2
     pid = gl.program_id(0)
-    tiles_n = latent // 128
+    tiles_n = latent // BN
     blk = pid // tiles_n
-    n0 = (pid % tiles_n) * 128
+    n0 = (pid % tiles_n) * BN
     expert = gl.load(block_expert_ptr + blk)
     if expert >= 0:
         row0 = blk * BM
@@ -284,19 +294,19 @@ def l2_w4a8_kernel(a8_ptr, as_ptr, s_ptr, g_ptr, tab_ptr, sorted_ptr, block_expe
         am = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, act_l))
         a_rows = (a8_ptr + am.to(gl.int64) * K)[:, None]
         a_mask = (gl.load(sorted_ptr + am) >= 0)[:, None]
-        mma_l: gl.constexpr = _mma_layout(NW)
+        mma_l: gl.constexpr = _mma_layout(NW, HALF)
         om = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_l))
         pair = gl.load(sorted_ptr + om)
         blocks = K // STEP
-        s_ptrs, g_ptrs, gs0, gs1 = _weight_ptrs(s_ptr, g_ptr, expert, n0, n0 + 64, row_scales, stride_se, stride_ge,
-                                                blocks, NW)
+        s_ptrs, g_ptrs, gs0, gs1 = _weight_ptrs(s_ptr, g_ptr, expert, n0, n0 + HALF, row_scales, stride_se,
+                                                stride_ge, blocks, BN, NW)
         acc0, acc1 = _w4a8_mainloop(w_desc, expert * latent + n0, s_ptrs, g_ptrs, tab_ptr, gs0, gs1,
-                                    as_ptr + om.to(gl.int64) * blocks, pair >= 0, a_rows, a_mask, K, False, NW)
-        on = n0 + gl.arange(0, 64, layout=gl.SliceLayout(0, mma_l))
+                                    as_ptr + om.to(gl.int64) * blocks, pair >= 0, a_rows, a_mask, K, False, BN, NW)
+        on = n0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, mma_l))
         dest = pairs_ptr + pair[:, None].to(gl.int64) * latent + on[None, :]
         live = (pair >= 0)[:, None] & (on >= 0)[None, :]
         gl.store(dest, acc0, mask=live)
-        gl.store(dest + 64, acc1, mask=live)
+        gl.store(dest + HALF, acc1, mask=live)
 
 
 def shift_tables(device: torch.device) -> torch.Tensor:
