@@ -224,9 +224,9 @@ class TuningOverrides:
         "ops/routed/gluon/__init__.py")
     w4a8_rows: str | None = _knob(
         "`64`, `128`",
-        "`64` (two CTAs per SM).",
-        "Weight rows per program of the opt-in W4A8 prefill kernels (LMF_ROUTED_W4A8): 64 (two CTAs of 8 warps per "
-        "SM, 128 registers) or 128 (one CTA per SM). Same numerics.",
+        "`128` (1.25-1.30x faster than 64 on the H200).",
+        "Weight rows per program of the opt-in W4A8 prefill kernels (LMF_ROUTED_W4A8): 128 (one CTA per SM) or 64 "
+        "(two CTAs of 8 warps per SM, 128 registers). Bitwise the same output.",
         "ops/routed/w4a8_path.py")
     mxfp4_load_order: str | None = _knob(
         "`auto`, `early`, `late`",

@@ -21,10 +21,12 @@ from .w4a8_numerics import ACT_BLOCK, WEIGHT_BLOCK_ROWS, block_exponents
 W4A8_BLOCK_ROWS = 128  # token rows per program: the staged blocks
 W4A8_WARPS = 8  # two warp groups of 64 token rows
 W4A8_K_MULTIPLE = 4 * ACT_BLOCK  # whole rounds of the 4-stage rings of 128-wide steps
-# Weight rows per program: 64 (two CTAs of 8 warps per SM under a 128-register cap, 112 KB of shared memory each)
-# or 128 (one CTA per SM: accumulators and step sums take 128 registers a thread). The w4a8_rows override picks.
+# Weight rows per program: 128 (one CTA per SM: accumulators and step sums take 128 registers a thread) or 64 (two
+# CTAs of 8 warps per SM under a 128-register cap, 112 KB of shared memory each). H200, Kimi K3 rank, M = 4096 ..
+# 32768 (bench/results/w4a8_routed.md): 128 rows 1.25-1.30x faster than 64 (the 64-row programs read the activation
+# tile twice as often per MMA and run N = 32 wgmma). The w4a8_rows override picks.
 W4A8_ROWS = (64, 128)
-W4A8_DEFAULT_ROWS = 64
+W4A8_DEFAULT_ROWS = 128
 W4A8_MAX_REGISTERS = {64: 128, 128: None}
 ROWS_OVERRIDE = "w4a8_rows"
 tuning.register(ROWS_OVERRIDE, tuning.choice(tuple(map(str, W4A8_ROWS)), "weight rows per W4A8 program"))
