@@ -42,6 +42,8 @@ OP = "route_gather_and_produce"
 MODE = "token_publish"  # the SP layout: the only one whose shared expert reads gathered tokens
 # Positions in the schema (below) of the arguments that differ from lmf::route_and_produce's.
 GROUP_SIZE, W1_S, GROUP_NAME = 19, 20, 23
+# torch.distributed's gather into one tensor (all_gather_single from torch 2.13 on, which deprecates the older name).
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _produce_args(args: tuple, x_s: torch.Tensor) -> tuple:
@@ -73,7 +75,7 @@ def start_token_gather(x_s: torch.Tensor, x: torch.Tensor, group_name: str) -> N
     """x_s <- every rank's x, rank-major, and make the current stream wait for it. On CUDA (NCCL) the collective
     runs on NCCL's stream and only the current stream waits (the host does not); on the CPU (gloo) it is done when
     this returns."""
-    dist.all_gather_into_tensor(x_s, x, group=resolve_group(group_name), async_op=True).wait()
+    all_gather_single(x_s, x, group=resolve_group(group_name), async_op=True).wait()
 
 
 def route_gather_and_produce_reference(*args):
