@@ -28,9 +28,9 @@ def _block(seed: int, dtype: torch.dtype, weight_format: str) -> KimiK3MoEBlock:
     return KimiK3MoEBlock(TINY, weight_format=weight_format, dtype=dtype, seed=seed, ep_size=2, ep_rank=1)
 
 
-def _args(block: KimiK3MoEBlock, x: torch.Tensor, group_name: str, world: int) -> dict:
+def _args(block: KimiK3MoEBlock, x: torch.Tensor, group_name: str, world: int, router_gemm: str = "fp32") -> dict:
     """The op's arguments in schema order (those of lmf::route_and_produce, group_size in x_s's place, no mode)."""
-    args = _route_and_produce_args(block, x) | {"group_size": world, "group_name": group_name}
+    args = _route_and_produce_args(block, x, router_gemm) | {"group_size": world, "group_name": group_name}
     return {name: args[name] for name in NAMES}
 
 
