@@ -124,6 +124,18 @@ def test_the_written_out_block_is_taken_like_the_reference():
     _gathered_inside(report)
 
 
+def test_a_gather_written_with_keywords_is_taken_too():
+    def as_keywords(gather: fx.Node, wait: fx.Node) -> None:
+        gather.kwargs = dict(zip(("input", "group_size", "group_name"), gather.args, strict=True))
+        gather.args = ()
+
+    with fake_group(2) as group:
+        model = lmf.KimiK3MoEBlock(CFG, tp_group=group, sequence_parallel=True, dtype=BF16)
+        report, calls = _fuse(model, (_x(),), edit=Edit(as_keywords))
+    _gathered_inside(report)
+    assert calls[0][19] == 2
+
+
 def test_prefill_sizes_take_the_gathering_op():
     """No size bound: the gather it hides grows with the tokens (lmf::route_and_produce alone stops at 128)."""
     from latent_moe_fusion.ops.routed.router_fused.route_and_produce import SHARED_FIRST_MAX_TOKENS

@@ -137,6 +137,8 @@ def _takes_producer(m: OverlapMatch, shared_first: bool, gather_tokens: bool) ->
                 m.gather = _token_gather(m)
             except Reject as exc:
                 m.gather_reason = str(exc)
+            except Exception as exc:  # an unexpected graph keeps today's op
+                m.gather_reason = f"could not analyse the tokens' gather ({type(exc).__name__}: {exc})"
     _size_bound(m)
 
 
@@ -154,8 +156,13 @@ def _size_bound(m: OverlapMatch) -> None:
                      "the router and the down-projection stay in a row as compiled")
 
 
-def _producer_group(c: fx.Node):
-    return c.kwargs["group_name"] if "group_name" in c.kwargs else (c.args[17] if len(c.args) > 17 else None)
+def _argument(node: fx.Node, index: int, name: str, default=None):
+    """A node's argument given by position or by keyword."""
+    return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
+
+
+def _producer_group(c: fx.Node) -> str | None:
+    return _argument(c, 17, "group_name")
 
 
 def _token_gather(m: OverlapMatch) -> tuple[fx.Node, fx.Node]:
@@ -168,7 +175,8 @@ def _token_gather(m: OverlapMatch) -> tuple[fx.Node, fx.Node]:
                      "(...)) (a gather along dim 0)")
     gather = x_s.args[0]
     check_all_walked([x_s, gather], "the SP tokens' all-gather:")
-    tokens, group_size, group_name = gather.args[:3]
+    tokens, group_size, group_name = (_argument(gather, i, name)
+                                      for i, name in enumerate(("input", "group_size", "group_name")))
     if tokens is not m.x:
         raise Reject(f"{gather.name} gathers {getattr(tokens, 'name', tokens)}, not the tokens {m.x.name} the router "
                      "GEMM and the down-projection read")
@@ -268,7 +276,8 @@ def _args(m: OverlapMatch) -> tuple:
         return route_args
     c = m.consumer
     if m.gather is not None:  # the producer's arguments with R in x_s's place, without the layout
-        return route_args + tuple(c.args[3:12]) + (m.gather[0].args[1],) + tuple(c.args[13:16]) + (_producer_group(c),)
+        group_size = _argument(m.gather[0], 1, "group_size")
+        return route_args + tuple(c.args[3:12]) + (group_size,) + tuple(c.args[13:16]) + (_producer_group(c),)
     return route_args + tuple(c.args[3:]) + ((c.kwargs["group_name"],) if "group_name" in c.kwargs else ())
 
 
