@@ -104,7 +104,7 @@ def down_projection_kernel(name: str, raw: str) -> str:
 ROUTED_FP8_WORDS = ("0", "1", "l1,l2")
 # The ops with backends (ops/common/backends.py registers them as their modules import; a test keeps this list equal).
 BACKEND_OPS = ("routed_experts", "moe_shared_producer", "latent_tail", "noaux_tc_route", "route_and_project",
-               "route_and_produce")
+               "route_and_produce", "route_gather_and_produce")
 
 _DECLARED = (
     EnvVar(
@@ -133,7 +133,7 @@ _DECLARED = (
         values="The op's backends, in priority order. routed_experts: `triton`, `deepgemm` (opt-in only), `reference`. "
                "moe_shared_producer: `deepgemm`, `triton`, `reference`. latent_tail: `cute`, `triton`, `reference`. "
                "noaux_tc_route: `triton`, `reference`. route_and_project: `side_stream`, `reference`. "
-               "route_and_produce: `shared_first`, `reference`.",
+               "route_and_produce: `shared_first`, `reference`. route_gather_and_produce: `shared_first`, `reference`.",
         unset="`LMF_BACKEND`, else priority order.",
         effect="Works like `LMF_BACKEND` for the one op `lmf::<op>` and takes precedence over it; a name that is no "
                "backend of that op raises ValueError. `LMF_BACKEND_ROUTED_EXPERTS=deepgemm` opts into DeepGEMM's sm_90 "

@@ -20,14 +20,18 @@ from latent_moe_fusion.fusion_pass import ChainedGraphPass
 
 CFG = lmf.KimiK3MoEConfig.tiny()
 PRODUCER = "lmf.moe_shared_producer.default"
-# The producer with the router and the down-projection that feed it (fusion_pass/router_overlap.py).
+# The producer with the router and the down-projection that feed it (fusion_pass/router_overlap.py), and for an SP
+# block with the all-gather of its tokens too.
 ROUTE_AND_PRODUCE = "lmf.route_and_produce.default"
+ROUTE_GATHER_AND_PRODUCE = "lmf.route_gather_and_produce.default"
+ALL_GATHER = "_c10d_functional.all_gather_into_tensor.default"
 
 
 def producers(ops_after) -> int:
     """Producers in a fused graph: lmf::moe_shared_producer, or lmf::route_and_produce where the router and the
-    down-projection that feed it went in with it."""
-    return ops_after[PRODUCER] + ops_after[ROUTE_AND_PRODUCE]
+    down-projection that feed it went in with it, or lmf::route_gather_and_produce where an SP block's token gather
+    went in too."""
+    return ops_after[PRODUCER] + ops_after[ROUTE_AND_PRODUCE] + ops_after[ROUTE_GATHER_AND_PRODUCE]
 
 
 TAIL = "lmf.latent_tail.default"

@@ -28,8 +28,9 @@ PARTS: dict[int, tuple[str, ...]] = {
         "tests.test_bad_inputs:group_errors_on_ranks",
         "tests.test_identity:identity_on_ranks",
         "tests.test_block:expert_shares_on_ranks",
+        "tests.test_route_gather_and_produce:gather_op_on_ranks",
     ),
-    4: ("tests.test_identity:identity_on_ranks",),
+    4: ("tests.test_identity:identity_on_ranks", "tests.test_route_gather_and_produce:gather_op_on_ranks"),
 }
 
 

@@ -16,8 +16,8 @@ def test_inspect_cli_prints_graphs_before_and_after_and_a_summary(capsys):
     before, rest = out.split("post-grad graph after the fusion pass")
     after, summary = rest.split("= summary =")
     assert "reduce_scatter_tensor" in before and "lmf.moe_shared_producer" not in before
-    # the producer, or the producer with the router and the down-projection that feed it
-    assert "lmf.moe_shared_producer.default" in after or "lmf.route_and_produce.default" in after
+    # the SP block's producer with the router, the down-projection and the tokens' all-gather that feed it
+    assert "lmf.route_gather_and_produce.default" in after and "all_gather_into_tensor" not in after
     assert "lmf.latent_tail.default" in after
     assert "reduce_scatter_tensor" not in after and "'token_publish'" in after
     assert "1 block(s) rewritten" in summary and "ops removed:" in summary and "ops added:" in summary
@@ -39,7 +39,7 @@ def test_depyf_dump_holds_the_fused_ops_and_no_shared_collectives(tmp_path):
     for text in after:
         producers = (text.count("torch.ops.lmf.moe_shared_producer.default(")
                      + text.count("torch.ops.lmf.route_and_produce.default("))
-        assert producers == 2
+        assert producers == 1 and text.count("torch.ops.lmf.route_gather_and_produce.default(") == 1  # TP, SP
         assert text.count("torch.ops.lmf.latent_tail.default(") == 2
         assert "all_reduce" not in text and "reduce_scatter" not in text
     before = [text for name, text in dumps.items() if "BEFORE_PRE_GRAD" in name]

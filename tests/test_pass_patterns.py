@@ -12,7 +12,17 @@ import pytest
 import torch
 
 import latent_moe_fusion as lmf
-from tests.fusion_models import CFG, TAIL, VARIANTS, fake_group, post_grad, producers, variant_stacks
+from tests.fusion_models import (
+    ALL_GATHER,
+    CFG,
+    ROUTE_GATHER_AND_PRODUCE,
+    TAIL,
+    VARIANTS,
+    fake_group,
+    post_grad,
+    producers,
+    variant_stacks,
+)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 FORMS = {"local": None, "all_reduce": False, "sequence_parallel": True}  # form -> sequence_parallel
@@ -47,5 +57,7 @@ def test_every_variant_of_a_form_is_fused_once_per_block(form, dtype):
             fusion_pass = lmf.LatentMoEFusionPass()
             post_grad(model, (x,), fusion_pass)
     _check_all_variants_fused(fusion_pass.report, form, dtype)
-    if form == "sequence_parallel":  # the input all_gather stays: the producer reads the gathered x_s
-        assert fusion_pass.report.ops_after["_c10d_functional.all_gather_into_tensor.default"] == 2 * len(VARIANTS)
+    if form == "sequence_parallel":  # each block's input all_gather goes into the op that reads it
+        assert fusion_pass.report.ops_after[ALL_GATHER] == 0
+        assert fusion_pass.report.ops_after[ROUTE_GATHER_AND_PRODUCE] == 2 * len(VARIANTS)
+        assert all(r.gathers_tokens for r in fusion_pass.report.routings), fusion_pass.report.summary()

@@ -18,7 +18,8 @@ from latent_moe_fusion import envs
 from ..ops.common.backends import backends_for
 
 DISABLE_ENV = "LMF_DISABLE_FUSION"
-FUSED_OPS = ("moe_shared_producer", "latent_tail", "noaux_tc_route", "route_and_project", "route_and_produce")
+FUSED_OPS = ("moe_shared_producer", "latent_tail", "noaux_tc_route", "route_and_project", "route_and_produce",
+             "route_gather_and_produce")
 
 
 def disabled_by_env() -> bool:

@@ -30,6 +30,10 @@ class FusionConfig:
     # take the producer into the op too (lmf::route_and_produce): on CUDA its shared expert then starts first,
     # beside the router and the down-projection, instead of beside the routed kernels.
     shared_first: bool = True
+    # With shared_first: where the producer is an SP block's whose x_s is the all-gather of the router's tokens, used
+    # by nothing else, take the gather into the op too (lmf::route_gather_and_produce): it runs on the shared
+    # expert's stream, so the router and the down-projection no longer wait for every rank's tokens.
+    gather_tokens: bool = True
     # A walk from routed_experts that needs more nodes than this is not a block of this shape.
     max_walk_nodes: int = 64
 
@@ -51,7 +55,9 @@ class FusionConfig:
         """Names of the pattern families this configuration registers (groups are added per graph)."""
         routing = ["router/noaux_tc"] if self.fuse_routing else []
         routing += ["router/beside_down_projection"] if self.fuse_routing and self.overlap_router else []
-        routing += ["router/with_producer"] if self.fuse_routing and self.overlap_router and self.shared_first else []
+        with_producer = self.fuse_routing and self.overlap_router and self.shared_first
+        routing += ["router/with_producer"] if with_producer else []
+        routing += ["router/with_token_gather"] if with_producer and self.gather_tokens else []
         return routing + [
             f"{form}/{gate_up}/{norm}/{dtype}/{fmt}"
             for form in self.forms

@@ -9,7 +9,8 @@ the pattern matcher rewrite the approved ones (matcher.py) into
 and, beyond the brief (docs/design.md, section 3), the router: its chain after the gate GEMM into lmf::noaux_tc_route (routing.py),
 then that route with its gate GEMM and the latent down-projection of the same tokens into
 lmf::route_and_project (router_overlap.py), which runs the two side by side on CUDA, or with the block's
-producer into lmf::route_and_produce, which also starts the shared expert first.
+producer into lmf::route_and_produce, which also starts the shared expert first, and for an SP block with the
+all-gather of its tokens into lmf::route_gather_and_produce, which gathers beside the router.
 Everything not rewritten is reported with a reason and logged on the "latent_moe_fusion" logger.
 """
 
@@ -34,7 +35,7 @@ from .config import FusionConfig
 from .matcher import approved, matcher_for
 from .reject import Reject
 from .report import FusionReport, MatchedBlock, MatchedRouting, op_counts
-from .router_overlap import check_overlap, find_overlap, rewrite_overlap
+from .router_overlap import OverlapMatch, check_overlap, drop_gather, find_overlap, rewrite_overlap
 from .routing import check_routing, find_routings, rewrite_routing
 
 log = logging.getLogger("latent_moe_fusion")
@@ -121,32 +122,45 @@ class LatentMoEFusionPass(CustomGraphPass):
                 except Exception as exc:  # fail closed: the rewrite runs only after every check passed
                     match.reason = f"could not fuse the router ({type(exc).__name__}: {exc})"
             if match.reason is None:
-                beside, beside_reason, with_producer = (self._overlap_router(graph, route) if self.config.overlap_router
-                                                        else (None, None, False))
+                beside, beside_reason, overlap = (self._overlap_router(graph, route) if self.config.overlap_router
+                                                  else (None, None, None))
+                with_producer = overlap is not None and overlap.with_producer
+                gathers = overlap is not None and overlap.gather is not None
+                gather_reason = overlap.gather_reason if overlap is not None and beside else None
                 report.routings.append(MatchedRouting(match.where, match.top_k, match.localized, match.backend,
-                                                      beside, beside_reason, with_producer, match.share_reason))
-                log.info("latent_moe_fusion: fused the router %s (%s)%s", match.where, match.backend,
-                         f", beside the down-projection ({beside})" if beside else f"; alone: {beside_reason}")
+                                                      beside, beside_reason, with_producer, match.share_reason,
+                                                      gathers, gather_reason))
+                log.info("latent_moe_fusion: fused the router %s (%s)%s%s", match.where, match.backend,
+                         f", beside the down-projection ({beside})" if beside else f"; alone: {beside_reason}",
+                         f"; SP tokens gathered before the op: {gather_reason}" if gather_reason else "")
             else:
                 report.routing_rejected.append((match.where, match.reason))
                 # INFO, not WARNING: every aten.topk is examined, and most in a model are no router
                 log.info("latent_moe_fusion: left the router %s unfused: %s", match.where, match.reason)
 
-    def _overlap_router(self, graph: fx.Graph, route: fx.Node) -> tuple[str | None, str | None, bool]:
-        """(what went into lmf::route_and_project or lmf::route_and_produce, None, whether the producer went in
-        too) or (None, why the router stays alone, False)."""
-        match = find_overlap(graph, route, self.config.shared_first)
+    def _overlap_router(self, graph: fx.Graph, route: fx.Node) -> tuple[str | None, str | None, OverlapMatch]:
+        """(what went into lmf::route_and_project, lmf::route_and_produce or lmf::route_gather_and_produce, None,
+        the match: whether the producer and the gather went in too) or (None, why the router stays alone, the
+        match)."""
+        match = find_overlap(graph, route, self.config.shared_first, self.config.gather_tokens)
         if match.reason is not None:
-            return None, match.reason, False
+            return None, match.reason, match
         try:
-            backend = check_overlap(match, self.config, self.capabilities)
+            try:
+                backend = check_overlap(match, self.config, self.capabilities)
+            except Reject as exc:
+                if match.gather is None:
+                    raise
+                drop_gather(match, f"lmf::route_gather_and_produce refused it: {exc}")  # fail closed to today's op
+                backend = check_overlap(match, self.config, self.capabilities)
+            where = (f"{match.where} + {match.consumer.name}" if match.with_producer else match.where) + (
+                f" + {match.gather[0].name}" if match.gather is not None else "")
             rewrite_overlap(graph, match)
         except Reject as exc:
-            return None, str(exc), False
+            return None, str(exc), match
         except Exception as exc:  # fail closed: the rewrite runs only after every check passed
-            return None, f"could not put the router beside the down-projection ({type(exc).__name__}: {exc})", False
-        where = f"{match.where} + {match.consumer.name}" if match.with_producer else match.where
-        return f"{where} [{backend}]", None, match.with_producer
+            return None, f"could not put the router beside the down-projection ({type(exc).__name__}: {exc})", match
+        return f"{where} [{backend}]", None, match
 
     def _rewrite(self, graph: fx.Graph, accepted: dict[fx.Node, Candidate]) -> None:
         """Apply only the specs the candidates need: their form, dtype, weights, group and gate/up form,

@@ -50,6 +50,7 @@ WALK_READS: dict[Any, tuple[str, ...]] = {
     aten.slice.Tensor: ("self", "dim", "start", "end", "step"),
     c10d.all_reduce.default: ("input", "reduce_op", "group_name"),
     c10d.reduce_scatter_tensor.default: ("input", "reduce_op", "group_size", "group_name"),
+    c10d.all_gather_into_tensor.default: ("input", "group_size", "group_name"),
     c10d.wait_tensor.default: ("tensor",),
     operator.getitem: (),  # positional (tuple, index) only
 }

@@ -32,6 +32,10 @@ class MatchedRouting:
     with_producer: bool = False
     # why an EP share after the ids (ids - first, -1 outside) was left to Inductor instead of folded in
     share_reason: str | None = None
+    # with_producer and the SP block's all-gather of the tokens went in too: lmf::route_gather_and_produce (the gather
+    # beside the router and the down-projection); or False, and for an SP block why the gather stays before the op
+    gathers_tokens: bool = False
+    gather_reason: str | None = None
 
 
 @dataclass
@@ -90,10 +94,13 @@ class FusionReport:
         lines += [f"  rejected {where}: {reason}" for where, reason in self.rejected]
         lines += [f"  router   {r.where}: lmf::noaux_tc_route top_k={r.top_k}"
                   f"{' with the EP share' if r.localized else ''} [{r.backend}]"
-                  + (f"; with its GEMM beside the down-projection and the producer in lmf::route_and_produce: {r.beside}"
-                     if r.beside and r.with_producer
+                  + (f"; with its GEMM beside the down-projection, the producer and the SP tokens' all-gather in "
+                     f"lmf::route_gather_and_produce: {r.beside}" if r.beside and r.gathers_tokens
+                     else f"; with its GEMM beside the down-projection and the producer in lmf::route_and_produce: "
+                     f"{r.beside}" if r.beside and r.with_producer
                      else f"; with its GEMM beside the down-projection in lmf::route_and_project: {r.beside}" if r.beside
                      else f"; not beside the down-projection: {r.beside_reason}" if r.beside_reason else "")
+                  + (f"; the SP tokens gathered before the op: {r.gather_reason}" if r.gather_reason else "")
                   + (f"; EP share not folded in: {r.share_reason}" if r.share_reason else "")
                   for r in self.routings]
         lines += [f"  router left alone {where}: {reason}" for where, reason in self.routing_rejected]

@@ -17,6 +17,19 @@ Where the consumer is the fused block's lmf::moe_shared_producer, fed by the rou
 the down-projection directly (nothing else uses them), the three go further, into one
 lmf::route_and_produce (ops/routed/router_fused/route_and_produce.py), which starts the shared expert first on CUDA
 (FusionConfig.shared_first), up to SHARED_FIRST_MAX_TOKENS tokens.
+
+Where that producer is an SP block's (layout token_publish) and its x_s is the all-gather of the router's tokens,
+
+    x_s = wait_tensor(all_gather_into_tensor(x, R, group))      x: the node the router GEMM and the down-projection
+                                                                read; R, group: the block's reduce-scatter's (the
+                                                                producer's group and ws [M, R, H]); along dim 0;
+                                                                the wait read by the producer alone (before the
+                                                                block's rewrite: by the shared gate/up matmuls)
+
+the gather goes in too, into lmf::route_gather_and_produce (ops/routed/router_fused/route_gather_and_produce.py),
+which gathers on the shared expert's stream beside the router and the down-projection (FusionConfig.gather_tokens),
+at every token count: the gather it hides grows with the tokens. Anything else keeps lmf::route_and_produce with the
+gather before it, and the reason in the report (gather_reason).
 """
 
 from __future__ import annotations
@@ -42,6 +55,9 @@ prims = torch.ops.prims
 ROUTE = torch.ops.lmf.noaux_tc_route.default
 ROUTE_AND_PROJECT = torch.ops.lmf.route_and_project.default
 ROUTE_AND_PRODUCE = torch.ops.lmf.route_and_produce.default
+ROUTE_GATHER_AND_PRODUCE = torch.ops.lmf.route_gather_and_produce.default
+ALL_GATHER = torch.ops._c10d_functional.all_gather_into_tensor.default
+WAIT = torch.ops._c10d_functional.wait_tensor.default
 PRODUCER = torch.ops.lmf.moe_shared_producer.default
 ROUTED_CONSUMERS = (torch.ops.lmf.routed_experts.default, torch.ops.lmf.moe_shared_producer.default)
 
@@ -61,6 +77,9 @@ class OverlapMatch:
     fake_outputs: tuple | None = None
     consumer: fx.Node | None = None  # the routed-expert op the route and the down-projection feed
     with_producer: bool = False  # the consumer goes into the op too: lmf::route_and_produce
+    # with_producer and the SP tokens' all-gather too (lmf::route_gather_and_produce): the gather and its wait
+    gather: tuple[fx.Node, fx.Node] | None = None
+    gather_reason: str | None = None  # why an SP producer's gather stays before the op
 
     @property
     def where(self) -> str:
@@ -103,12 +122,31 @@ def _only_used_by(node: fx.Node | None, user: fx.Node) -> bool:
     return node is None or set(node.users) == {user}
 
 
-def _takes_producer(m: OverlapMatch, shared_first: bool) -> None:
-    """Whether the consumer goes into the op (lmf::route_and_produce); then, and otherwise, the size bound."""
+def _takes_producer(m: OverlapMatch, shared_first: bool, gather_tokens: bool) -> None:
+    """Whether the consumer goes into the op (lmf::route_and_produce), and with it an SP block's token gather
+    (lmf::route_gather_and_produce); then the size bound."""
     c = m.consumer
     m.with_producer = (shared_first and _is(c, PRODUCER) and set(c.kwargs) <= {"group_name"}
                        and c.args[0] is m.down and c.args[1] is m.outputs[0]
                        and c.args[2] is m.outputs[1] and all(_only_used_by(n, c) for n in (m.down, *m.outputs)))
+    if m.with_producer and c.args[16] == "token_publish":
+        if not gather_tokens:
+            m.gather_reason = "FusionConfig.gather_tokens is off"
+        else:
+            try:
+                m.gather = _token_gather(m)
+            except Reject as exc:
+                m.gather_reason = str(exc)
+            except Exception as exc:  # an unexpected graph keeps today's op
+                m.gather_reason = f"could not analyse the tokens' gather ({type(exc).__name__}: {exc})"
+    _size_bound(m)
+
+
+def _size_bound(m: OverlapMatch) -> None:
+    """Reject a static batch the op would only slow down. The gathering op has no bound: what it hides, the
+    tokens' gather, grows with the tokens."""
+    if m.gather is not None:
+        return
     tokens = _val(m.x).shape[0]
     limit = SHARED_FIRST_MAX_TOKENS if m.with_producer else OVERLAP_MAX_TOKENS
     if isinstance(tokens, int) and tokens > limit:
@@ -116,6 +154,53 @@ def _takes_producer(m: OverlapMatch, shared_first: bool) -> None:
         # host time before the first launch would only delay the forward (H200, M = 4096: +2-4 %).
         raise Reject(f"M = {tokens} tokens > {limit}: side by side only pays at decode sizes, "
                      "the router and the down-projection stay in a row as compiled")
+
+
+def _argument(node: fx.Node, index: int, name: str, default=None):
+    """A node's argument given by position or by keyword."""
+    return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
+
+
+def _producer_group(c: fx.Node) -> str | None:
+    return _argument(c, 17, "group_name")
+
+
+def _token_gather(m: OverlapMatch) -> tuple[fx.Node, fx.Node]:
+    """(all_gather_into_tensor, wait_tensor) where the SP producer's x_s is the gather of the router's tokens that
+    the op can take in (module docstring); raises Reject saying why not."""
+    c = m.consumer
+    x_s = c.args[12]
+    if not _is(x_s, WAIT) or not _is(x_s.args[0], ALL_GATHER):
+        raise Reject(f"the shared expert's tokens {getattr(x_s, 'name', x_s)} are not wait_tensor(all_gather_into_tensor"
+                     "(...)) (a gather along dim 0)")
+    gather = x_s.args[0]
+    check_all_walked([x_s, gather], "the SP tokens' all-gather:")
+    tokens, group_size, group_name = (_argument(gather, i, name)
+                                      for i, name in enumerate(("input", "group_size", "group_name")))
+    if tokens is not m.x:
+        raise Reject(f"{gather.name} gathers {getattr(tokens, 'name', tokens)}, not the tokens {m.x.name} the router "
+                     "GEMM and the down-projection read")
+    group = _producer_group(c)
+    if group_name != group:
+        raise Reject(f"{gather.name} gathers over group {group_name!r}, the block's reduce-scatter over {group!r}")
+    ws = _as_tensor(c.meta["val"][1]) if isinstance(c.meta.get("val"), (tuple, list)) else None
+    if ws is None or ws.dim() != 3:
+        raise Reject(f"the producer {c.name} carries no [M, R, H] fragments to read the block's R from")
+    if group_size != ws.shape[1]:
+        raise Reject(f"{gather.name} gathers from {group_size!r} ranks, the block's reduce-scatter from {ws.shape[1]}")
+    for node, user in ((x_s, c), (gather, x_s)):
+        extra = [u.name for u in node.users if u is not user]
+        if extra:
+            what = "the gathered tokens" if node is x_s else "the all-gather"
+            raise Reject(f"{what} {node.name} also used by {', '.join(extra)}; the op does not return them")
+    return gather, x_s
+
+
+def drop_gather(m: OverlapMatch, reason: str) -> None:
+    """Back to lmf::route_and_produce with the gather before it (the gathering op refused); raises Reject where
+    that op is not taken either (the size bound)."""
+    m.gather, m.gather_reason = None, reason
+    _size_bound(m)
 
 
 def _routed_consumers(outputs: tuple[fx.Node | None, ...], max_hops: int = 4) -> list[fx.Node]:
@@ -150,9 +235,10 @@ def _down_projection(m: OverlapMatch) -> None:
     m.removable.append(z.args[1])
 
 
-def find_overlap(graph: fx.Graph, route: fx.Node, shared_first: bool = True) -> OverlapMatch:
+def find_overlap(graph: fx.Graph, route: fx.Node, shared_first: bool = True, gather_tokens: bool = True) -> OverlapMatch:
     """The match for one fused router, with the reason filled in when it cannot go beside a down-projection.
-    shared_first: take a directly fed lmf::moe_shared_producer into the op too (lmf::route_and_produce)."""
+    shared_first: take a directly fed lmf::moe_shared_producer into the op too (lmf::route_and_produce);
+    gather_tokens: and an SP producer's token gather (lmf::route_gather_and_produce)."""
     m = OverlapMatch(route=route)
     try:
         getitems = list(route.users)
@@ -171,7 +257,7 @@ def find_overlap(graph: fx.Graph, route: fx.Node, shared_first: bool = True) -> 
         inputs = (m.x, m.gate_weight, m.w_down)
         check_all_walked([m.logits, m.down, *(n for n in m.removable if all(n is not i for i in inputs))],
                          "the router GEMM or the down-projection:")
-        _takes_producer(m, shared_first)
+        _takes_producer(m, shared_first, gather_tokens)
         order = {node: i for i, node in enumerate(graph.nodes)}
         first = min(order[m.logits], order[m.down])
         late = [n.name for n in (m.x, m.gate_weight, route.args[1], m.w_down) if order[n] > first]
@@ -189,11 +275,16 @@ def _args(m: OverlapMatch) -> tuple:
     if not m.with_producer:
         return route_args
     c = m.consumer
+    if m.gather is not None:  # the producer's arguments with R in x_s's place, without the layout
+        group_size = _argument(m.gather[0], 1, "group_size")
+        return route_args + tuple(c.args[3:12]) + (group_size,) + tuple(c.args[13:16]) + (_producer_group(c),)
     return route_args + tuple(c.args[3:]) + ((c.kwargs["group_name"],) if "group_name" in c.kwargs else ())
 
 
 def _op(m: OverlapMatch) -> tuple[torch._ops.OpOverload, str]:
     """The op the match goes into, and its name."""
+    if m.gather is not None:
+        return ROUTE_GATHER_AND_PRODUCE, "route_gather_and_produce"
     return (ROUTE_AND_PRODUCE, "route_and_produce") if m.with_producer else (ROUTE_AND_PROJECT, "route_and_project")
 
 
@@ -221,7 +312,7 @@ def check_overlap(m: OverlapMatch, config: FusionConfig, caps: Capabilities) -> 
         produced = m.consumer.meta.get("val")
         if not (isinstance(produced, (tuple, list)) and len(produced) == len(m.fake_outputs)
                 and all(_same(_as_tensor(v), w) for v, w in zip(produced, m.fake_outputs, strict=True))):
-            raise Reject(f"the producer {m.consumer.name}'s outputs are not those of lmf::route_and_produce")
+            raise Reject(f"the producer {m.consumer.name}'s outputs are not those of lmf::{op_name}")
     elif not _same(_val(m.down), m.fake_outputs[2]):
         raise Reject(f"the down-projection {m.down.name} is not [M, L] in x's dtype")
     return serving_backend(op_name, vals[0].device.type, tuple(vals), config, caps)
@@ -248,13 +339,17 @@ def rewrite_overlap(graph: fx.Graph, m: OverlapMatch) -> None:
 
 
 def _rewrite_with_producer(graph: fx.Graph, m: OverlapMatch) -> None:
-    """lmf::route_and_produce in the producer's place (every argument of both is defined there); the
-    producer's output getitems then read the op, whose outputs are the producer's."""
+    """lmf::route_and_produce (or lmf::route_gather_and_produce) in the producer's place (every argument of both is
+    defined there); the producer's output getitems then read the op, whose outputs are the producer's."""
     with graph.inserting_before(m.consumer):
-        op = graph.call_function(ROUTE_AND_PRODUCE, _args(m))
+        op = graph.call_function(_op(m)[0], _args(m))
     op.meta["val"] = m.fake_outputs
     m.consumer.replace_all_uses_with(op)
     graph.erase_node(m.consumer)
+    if m.gather is not None:  # the op gathers the tokens itself
+        gather, wait = m.gather
+        graph.erase_node(wait)
+        graph.erase_node(gather)
     _erase_replaced(graph, m)
 
 

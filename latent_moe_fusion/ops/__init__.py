@@ -1,7 +1,8 @@
 """Custom ops (namespace `lmf`) and their backends, one folder per op family:
 
     routed/  lmf::routed_experts, lmf::moe_shared_producer, and the ops that put the router in front of them:
-             lmf::route_and_project, lmf::route_and_produce (Triton, Gluon and DeepGEMM backends)
+             lmf::route_and_project, lmf::route_and_produce, lmf::route_gather_and_produce (Triton, Gluon and DeepGEMM
+             backends)
     router/  lmf::noaux_tc_route
     tail/    lmf::latent_tail (Triton and CuTe DSL backends)
     common/  what several families use: backend registry, op definition, argument checks, reference math, MXFP4,
@@ -14,7 +15,7 @@ every backend.
 from .common.backends import Backend, register_backend, select_backend
 from .common.input_checks import LmfInputError
 from .common.mxfp4 import dequantize_mxfp4, quantize_mxfp4
-from .routed import moe_shared_producer, route_and_produce, route_and_project, routed_experts
+from .routed import moe_shared_producer, route_and_produce, route_and_project, route_gather_and_produce, routed_experts
 from .router import noaux_tc_route
 from .tail import latent_tail
 
@@ -29,6 +30,7 @@ __all__ = [
     "register_backend",
     "route_and_produce",
     "route_and_project",
+    "route_gather_and_produce",
     "routed_experts",
     "select_backend",
 ]

@@ -4,6 +4,8 @@
     lmf::moe_shared_producer  routed experts + RMSNorm + the shared expert in the same launches (producer_op.py)
     lmf::route_and_project    the router and the latent down-projection side by side (router_fused/)
     lmf::route_and_produce    route_and_project and the producer as one op, the shared expert first (router_fused/)
+    lmf::route_gather_and_produce
+                              route_and_produce for SP, gathering the tokens itself beside the router (router_fused/)
 
 Backends: reference (expert_reference.py), Triton (expert_triton_backend.py, producer_triton_backend.py: the
 plan of routed_plan.py picks the kernels of triton/ and gluon/, expert_schedule.py launches them), DeepGEMM (deepgemm/, optional: importing
@@ -15,5 +17,6 @@ from .producer_op import moe_shared_producer
 from .routed_experts_op import routed_experts
 from .router_fused.route_and_produce import route_and_produce
 from .router_fused.route_and_project import route_and_project
+from .router_fused.route_gather_and_produce import route_gather_and_produce
 
-__all__ = ["moe_shared_producer", "route_and_produce", "route_and_project", "routed_experts"]
+__all__ = ["moe_shared_producer", "route_and_produce", "route_and_project", "route_gather_and_produce", "routed_experts"]

@@ -33,6 +33,7 @@ SHARED_FIRST_MIN_TOKENS on. Elsewhere the op runs the two ops in a row.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 
@@ -81,23 +82,24 @@ SHARED_FIRST_URGENT_CHOICES = ("none", "route", "all")
 URGENT_MAX_TOKENS = ROUTED_THRESHOLDS.value("urgent_max_tokens")
 
 
-def validate_route_and_produce(*args) -> tuple[int, int, int, int]:
-    """Both ops' checks (the producer's on stand-ins for the router's outputs). Returns (M, H_s, R, L)."""
+def validate_route_and_produce(*args, op: str = OP) -> tuple[int, int, int, int]:
+    """Both ops' checks (the producer's on stand-ins for the router's outputs). Returns (M, H_s, R, L). op: the op
+    named in errors."""
     route_args, produce_args = args[:10], args[10:]
-    m, _, latent = validate_route_and_project(*route_args, op=OP)
+    m, _, latent = validate_route_and_project(*route_args, op=op)
     x, top_k = args[0], args[5]
     ids = x.new_empty((m, top_k), dtype=torch.int32)
     weights = x.new_empty((m, top_k), dtype=torch.float32)
     z = x.new_empty((m, latent))
     try:
-        m, hidden, world, num_experts = _validate_producer(z, ids, weights, *produce_args, ids=False, op=OP)
+        m, hidden, world, num_experts = _validate_producer(z, ids, weights, *produce_args, ids=False, op=op)
     except LmfInputError as exc:  # the producer's checks name z, which this op computes from x and w_down
         if not re.search(r"\bz\b", str(exc)):
             raise
         raise LmfInputError(f"{exc} (here z = x @ w_down^T is [M = {m}: x's rows, L = {latent}: w_down's rows])") \
             from None
     if args[9] != num_experts:
-        _fail(OP, f"num_local = {args[9]} but w13 holds {num_experts} experts: the route's ids index w13's experts")
+        _fail(op, f"num_local = {args[9]} but w13 holds {num_experts} experts: the route's ids index w13's experts")
     return m, hidden, world, latent
 
 
@@ -155,18 +157,33 @@ def _triton_producer_serves(args: tuple, z: torch.Tensor) -> bool:
 
 def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm, top_k, renorm_eps, scaling_factor,
                            first_expert, num_local, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta,
-                           rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group_name=None):
-    """The shared-first schedule (module docstring) where it pays, else the two ops in a row."""
+                           rms_weight, eps, x_s, w1_s, w3_s, w2_s, mode, group_name=None, *,
+                           gather: Callable[[], None] | None = None):
+    """The shared-first schedule (module docstring) where it pays, else the two ops in a row.
+
+    gather: fills x_s on the stream current when it is called (lmf::route_gather_and_produce: x_s is then an
+    unfilled buffer made on the caller's stream). It is called on the shared expert's stream, so only the shared
+    expert waits for it; in a row, the router and the down-projection run on the caller's stream beside it."""
     args = (x, gate_weight, correction_bias, w_down, router_gemm, top_k, renorm_eps, scaling_factor, first_expert,
             num_local, w13, w2, w13_scale, w2_scale, weight_format, beta, lin_beta, rms_weight, eps, x_s, w1_s, w3_s,
             w2_s, mode, group_name)
-    # z and ws are allocated on the caller's stream and every side stream joins before the return: no tensor
+    # z, ws and x_s are allocated on the caller's stream and every side stream joins before the return: no tensor
     # used across the streams outlives the join, so the allocator needs no record_stream.
     shared_first = shared_first_wanted(x.shape[0]) and weight_format == "mxfp4"
     z = torch.empty(x.shape[0], w_down.shape[0], dtype=x.dtype, device=x.device) if shared_first else None
     if not (shared_first and _triton_producer_serves(args, z)):
+        if gather is None:
+            ids, weights, z = route_and_project_cuda(*args[:10])
+            return _produce(z, ids, weights, args[10:])
+        main, beside = torch.cuda.current_stream(x.device), side_stream(x.device, "shared_first")
+        beside.wait_stream(main)  # x is ready there
+        with torch.cuda.stream(beside):
+            gather()
         ids, weights, z = route_and_project_cuda(*args[:10])
+        main.wait_stream(beside)  # the producer reads x_s
         return _produce(z, ids, weights, args[10:])
+    main = torch.cuda.current_stream(x.device)
+    shared_stream = side_stream(x.device, "shared_first")
     from ..expert_schedule import planned_grouping, run_experts
     from ..shared_by_library import shared_by_library
 
@@ -177,9 +194,7 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
     # experts; their buffers are made here, on the caller's stream, which waits for the exchange before returning.
     buffers = fragment_buffers(m_s, hidden, mode, world, x_s, group_name) if world > 1 else None
     published: list[PendingFragments] = []
-    main = torch.cuda.current_stream(x.device)
     urgent = shared_first_urgent(x.shape[0])
-    shared_stream = side_stream(x.device, "shared_first")
     down_stream = side_stream(x.device, "down_projection", urgent=urgent != "none")
     router_stream = side_stream(x.device, "router", urgent=True) if urgent != "none" else main
     for stream in {shared_stream, down_stream, router_stream} - {main}:
@@ -188,6 +203,8 @@ def route_and_produce_cuda(x, gate_weight, correction_bias, w_down, router_gemm,
 
     def shared() -> None:
         with torch.cuda.stream(shared_stream):
+            if gather is not None:
+                gather()  # every rank's tokens, waited for on this stream only
             shared_by_library(x_s, w1_s, w3_s, w2_s, s_out, beta, lin_beta)
             if buffers is not None:
                 published.append(start_publish(s_out, mode, group_name, buffers))
