@@ -55,6 +55,7 @@ BENCHMARKS = (
     ("graph_timeline.py", ("--m", "1", "8", "32", "128", "--fused-knobs", "pdl_sites=none"), None),
     # the accuracy cost of FP8 activations (W4A8) on the routed experts, before a kernel (runs on the CPU)
     ("w4a8_numerics.py", (), None),
+    ("w4a8_routed.py", (), None),  # the opt-in W4A8 prefill path against the default, M = 4096 .. 32768
     # the same at prefill: which kernels run beside which (none do at M = 4096)
     ("graph_timeline.py", ("--m", "4096", "--fused-knobs", "pdl_sites=none", "--name", "graph_timeline_prefill"), None),
     ("host_gaps.py", (), None),
