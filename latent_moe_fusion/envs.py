@@ -164,7 +164,7 @@ _DECLARED = (
                "(`ops/routed/w4a8_numerics.py` defines it; docs/numerics.md gives its error, ~20x the BF16 path's). "
                "Calls on other kernels (decode blocks, the GEMV, Triton tiles) and calls the W4A8 kernels cannot take "
                "(L or I not a multiple of 512) keep BF16 activations; `python -m latent_moe_fusion plan` says which.",
-        read_in=("ops/routed/producer_config.py",),
+        read_in=("ops/routed/w4a8_path.py", "ops/routed/producer_config.py"),
     ),
     EnvVar(
         "LMF_ROUTED_FP8",

@@ -392,15 +392,8 @@ FP8_BLOCK_M = 8  # rows per block on that path: most of a decode batch's hit exp
 
 def routed_switches() -> tuple[str, str, str]:
     """The raw values of the environment variables the routed plan's rules read (routed_plan.py memoises by them)."""
-    return envs.raw("TRITON_INTERPRET"), envs.raw(ROUTED_FP8_ENV), envs.raw(ROUTED_W4A8_ENV)
+    return envs.raw("TRITON_INTERPRET"), envs.raw(ROUTED_FP8_ENV), envs.raw("LMF_ROUTED_W4A8")
 
-
-ROUTED_W4A8_ENV = "LMF_ROUTED_W4A8"  # opt-in FP8 activations on the 128-row prefill blocks (gluon/routed_w4a8.py)
-
-
-def routed_w4a8_requested() -> bool:
-    """Whether ROUTED_W4A8_ENV asks for the W4A8 prefill kernels."""
-    return bool(envs.read(ROUTED_W4A8_ENV))
 
 
 def routed_fp8_forced() -> bool:

@@ -48,7 +48,6 @@ from .producer_config import (
     pick_config,
     routed_fp8_forced,
     routed_switches,
-    routed_w4a8_requested,
     rows_per_expert,
 )
 from .routed_gemv import RoutedGemvConfig, routed_gemv_setting, routed_gemv_shape_reason, routed_gemv_tensor_reason
@@ -63,7 +62,7 @@ from .schedule_rules import (
 )
 from .triton.moe_align import max_blocks
 from .triton.moe_align_choice import small_blocks_bound
-from .w4a8_path import w4a8_shape_reason
+from .w4a8_path import routed_w4a8_requested, w4a8_shape_reason
 
 # What a plan of a shape alone cannot see; each is true of the op's own weights (ops/routed/producer_op.py).
 ASSUMPTIONS = (

@@ -13,11 +13,12 @@ import weakref
 
 import torch
 
-from latent_moe_fusion import tuning
+from latent_moe_fusion import envs, tuning
 
 from ..common.mxfp4 import BLOCK as MXFP4_BLOCK
 from .w4a8_numerics import ACT_BLOCK, WEIGHT_BLOCK_ROWS, block_exponents
 
+ROUTED_W4A8_ENV = "LMF_ROUTED_W4A8"  # the opt-in switch (envs.py)
 W4A8_BLOCK_ROWS = 128  # token rows per program: the staged blocks
 W4A8_WARPS = 8  # two warp groups of 64 token rows
 W4A8_K_MULTIPLE = 4 * ACT_BLOCK  # whole rounds of the 4-stage rings of 128-wide steps
@@ -36,6 +37,12 @@ def w4a8_rows() -> int:
     """Weight rows per program of the W4A8 kernels (the w4a8_rows override, else W4A8_DEFAULT_ROWS)."""
     chosen = tuning.current().w4a8_rows
     return W4A8_DEFAULT_ROWS if chosen is None else int(chosen)
+
+
+def routed_w4a8_requested() -> bool:
+    """Whether ROUTED_W4A8_ENV asks for the W4A8 prefill kernels (the routed plan reads it per call; its raw value
+    keys the memoised plans, producer_config.routed_switches)."""
+    return bool(envs.read(ROUTED_W4A8_ENV))
 
 
 def w4a8_shape_reason(latent: int, inter: int, weight_format: str, dtype: torch.dtype,
