@@ -38,7 +38,8 @@ OFFLINE_BUDGETS: dict[tuple[int, int], dict[str, float]] = {
     (3, 7): {"staged_spills": 3},
     # one more CTA barrier per step in every TMA / mbarrier loop; more registers, spills and loop instructions
     (3, 8): {"staged_spills": 12, "staged_barriers_per_step": 2, "regs_tma_barriers_per_step": 3,
-             "regs_l2_loop_instructions": 229, "fp8_barriers_per_step": 3, "fp8_l1_8_registers": 138},
+             "regs_l2_loop_instructions": 229, "fp8_barriers_per_step": 3, "fp8_l1_8_registers": 138,
+             "w4a8_barriers_per_step": 2},
 }
 
 
