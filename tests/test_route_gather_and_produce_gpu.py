@@ -61,9 +61,9 @@ class _Spy:
         self.down.append(event)
         return out
 
-    def _gather(self, *args):
+    def _gather(self, *args, **kwargs):
         self.gather_streams.append(torch.cuda.current_stream())
-        self.real_gather(*args)
+        self.real_gather(*args, **kwargs)
         event = torch.cuda.Event()
         event.record()  # behind the gather's wait: done once every rank's tokens are in
         self.gathered.append(event)

@@ -6,8 +6,8 @@ process maps, the copies' barrier a gloo barrier; the kernel method runs in Trit
 - both methods gather every rank's [M, H] into [R*M, H] bitwise as all_gather_into_tensor does, bf16 and float32,
   call after call over the same workspace (fewer tokens after more: nothing stale survives), beside the other two
   kinds (a TP output gather between token gathers stays right: the regions and flags are apart);
-- lmf::route_gather_and_produce's gather step (start_token_gather, symmetric=True) takes the peer writes where the
-  exchange serves and fills the op's x_s bitwise;
+- lmf::route_gather_and_produce's gather step (start_token_gather, symmetric=True), also as its CUDA backend calls
+  it (the schedules stood in for), takes the peer writes where the exchange serves and fills the op's x_s bitwise;
 - more tokens than max_tokens take the collective, with the reason, and the next call within the bound is symmetric
   again;
 - the choice is the same on every rank: "auto" with the unmeasured window keeps the collective everywhere, a window
@@ -54,6 +54,7 @@ def _worker(rank: int, world: int, buffers: list[torch.Tensor], seed: int) -> di
     import torch.distributed as dist
 
     from latent_moe_fusion.ops.common import fragment_layouts as layouts
+    from latent_moe_fusion.ops.routed.router_fused import route_gather_and_produce as rgp
     from latent_moe_fusion.ops.routed.router_fused.route_gather_and_produce import start_token_gather
 
     name = dist.group.WORLD.group_name
@@ -86,6 +87,18 @@ def _worker(rank: int, world: int, buffers: list[torch.Tensor], seed: int) -> di
                     if not torch.equal(layouts.gather_columns(out_slice, name),
                                        layouts.gather_columns(out_slice, name, symmetric=False)):
                         failures.append(f"{method} {dtype} output gather after token gather, M={tokens}")
+            # The CUDA backend's own gather step, its schedules stood in for by one that runs the step and returns x_s.
+            x = torch.randn(MAX_TOKENS, HIDDEN, generator=gen).to(torch.bfloat16)
+            args = [None] * 24
+            args[0], args[rgp.GROUP_SIZE], args[rgp.GROUP_NAME] = x, world, name
+            real_schedules, before = rgp.route_and_produce_cuda, exchange.token_gathers
+            rgp.route_and_produce_cuda = lambda *produce_args, gather: (gather(), produce_args[rgp.GROUP_SIZE])[1]
+            try:
+                x_s = rgp.route_gather_and_produce_cuda(*args)
+            finally:
+                rgp.route_and_produce_cuda = real_schedules
+            rows.append({"method": method, "backend_step": exchange.token_gathers - before,
+                         "backend_bitwise": bool(torch.equal(x_s, _collective(x, world)))})
             dist.barrier()  # peers clear this rank's busy flags after their last copy-out
             start = exchange.fragment_bytes + exchange.output_bytes
             if bool(buffers[rank][start:start + symm_exchange.flag_bytes(world)].view(torch.int32).any()):
@@ -127,6 +140,8 @@ def test_symmetric_token_gather_is_the_collective_bitwise(world, rng_seed):
             else:  # both calls (gather_tokens and the op's step) by peer writes
                 assert row["symmetric"] == 2 and row["collectives"] == [], (rank, row)
                 assert row["chosen"] and row["reason"] == "", (rank, row)
+        for row in (row for row in res["rows"] if "backend_step" in row):  # the CUDA backend gathers symmetrically
+            assert row["backend_step"] == 1 and row["backend_bitwise"], (rank, row)
         for row in (row for row in res["rows"] if "choice" in row):
             assert row["same_on_every_rank"], (rank, row)
             choice = row["choice"]
