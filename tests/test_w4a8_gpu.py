@@ -67,8 +67,6 @@ def test_the_quantiser_gives_the_definitions_bits(rows, k):
     assert torch.equal(values.view(torch.uint8), want_v.view(torch.uint8)) and torch.equal(scales, want_s)
     live = torch.arange(rows, dtype=torch.int32, device="cuda")
     live[::3] = -1
-    from latent_moe_fusion.ops.routed.triton.quantize_1x128 import quantize_1x128_kernel  # noqa: F401
-
     values2, scales2 = quantize_1x128(x, live)
     kept = live >= 0
     assert torch.equal(values2[kept].view(torch.uint8), want_v[kept].view(torch.uint8))
@@ -200,7 +198,6 @@ def _check_exact(which):
 
     if which == "l1":
         z = x.to(torch.bfloat16).cuda()
-        w2 = torch.zeros(experts, latent, inter // 2, dtype=torch.uint8, device="cuda")
         act = torch.full((blocks * 128, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
         launch_l1_w4a8(z, packed, scales, grouping.sorted_pairs, grouping.block_expert, act, blocks, top_k, BETA,
                        LIN_BETA)
@@ -214,14 +211,13 @@ def _check_exact(which):
             gg, uu = h[:, :inter], h[:, inter:]
             want[sel] = ((BETA * torch.tanh(gg / BETA) * torch.sigmoid(gg)) * (LIN_BETA * torch.tanh(uu / LIN_BETA))
                          ).to(torch.bfloat16).double()
-        del w2
         # SiTU in FP32 (the kernel) against float64 may round a value to the neighbouring bf16: never further.
         mismatch = (got != want).float().mean().item()
         assert mismatch < 0.05 and ((got - want).abs() <= want.abs() * 2**-7 + 1e-30).all(), f"{mismatch:.2%}"
     else:
         act = torch.full((blocks * 128, k), float("nan"), dtype=torch.bfloat16, device="cuda")
-        act[valid.nonzero().squeeze(1)] = x[: int(valid.sum())].to(torch.bfloat16).cuda() if int(valid.sum()) <= m \
-            else x.repeat(-(-int(valid.sum()) // m), 1)[: int(valid.sum())].to(torch.bfloat16).cuda()
+        held = int(valid.sum())  # rows holding a pair: x's rows, repeated as needed
+        act[valid.nonzero().squeeze(1)] = x.repeat(-(-held // m), 1)[:held].to(torch.bfloat16).cuda()
         pairs = torch.full((m * top_k, n), float("nan"), dtype=torch.float32, device="cuda")
         launch_l2_w4a8(act, packed, scales, grouping.sorted_pairs, grouping.block_expert, pairs, blocks)
         torch.cuda.synchronize()
