@@ -98,19 +98,10 @@ def clear_block_exponents() -> None:
 
 
 def _descriptor(words: torch.Tensor, gated: bool, rows: int):
-    """TMA descriptor of a step's weight words for programs of `rows` weight rows: [2E, I, K/8] int32 with rows / 2
-    gate rows and the same columns' up rows (L1), else [E * N, K/8] (L2); 16 words (128 k) per row."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    """TMA descriptor of a 128-wide k step of a program's `rows` weight rows (gluon.step_descriptor)."""
+    from .gluon import step_descriptor
 
-    if gated:
-        view = words.view(words.shape[0] * 2, words.shape[1] // 2, words.shape[2])
-        block = [2, rows // 2, ACT_BLOCK // 8]
-    else:
-        view = words.view(-1, words.shape[-1])
-        block = [rows, ACT_BLOCK // 8]
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=view.dim())
-    return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
+    return step_descriptor(words, gated, rows, ACT_BLOCK)
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, k: int, n: int, n_multiple: int) -> None:

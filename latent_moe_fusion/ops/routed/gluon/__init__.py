@@ -254,21 +254,26 @@ def _words_descriptor(words: torch.Tensor, rows: int, ring: str, dual: bool, swi
     return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
 
 
-def _staged_descriptor(words: torch.Tensor, gated: bool):
-    """TMA descriptor of the weight words for the staged kernels, one 64-wide k step of a program's rows per box:
-    [2E, I, K / 8] int32 with 64 gate rows and the same columns' up rows (L1), else [E * N, K / 8] (L2)."""
+def step_descriptor(words: torch.Tensor, gated: bool, rows: int, step_k: int):
+    """TMA descriptor of one k step of a program's `rows` weight rows (the staged and W4A8 prefill kernels): [2E, I,
+    K / 8] int32 with rows / 2 gate rows and the same columns' up rows in one box (L1, gated), else [E * N, K / 8];
+    step_k / 8 words a row, no swizzle."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    rows = 16 * STAGED_WARPS
     if gated:
         view = words.view(words.shape[0] * 2, words.shape[1] // 2, words.shape[2])
-        block = [2, rows // 2, STAGED_STEP_K // 8]
+        block = [2, rows // 2, step_k // 8]
     else:
         view = words.view(-1, words.shape[-1])
-        block = [rows, STAGED_STEP_K // 8]
+        block = [rows, step_k // 8]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=view.dim())
     return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
+
+
+def _staged_descriptor(words: torch.Tensor, gated: bool):
+    """The staged kernels' step_descriptor: 128 weight rows (L1: 64 gate + 64 up), 64-wide k steps."""
+    return step_descriptor(words, gated, 16 * STAGED_WARPS, STAGED_STEP_K)
 
 
 def _launch_staged_l1(
