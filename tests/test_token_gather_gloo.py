@@ -47,6 +47,20 @@ class ThreeSpBlocks(nn.Module):
         return self.mxfp4(x), self.fp32(x32), self.prefill(x_prefill)
 
 
+# A token whose scores tie (nearly) at the router's top-k edge may take another expert in the fused router, which sums
+# in another order: its whole output then differs (~0.7 rel., seen on one token of 640 at R = 4), where rounding moves
+# a token by ~3e-3. Tokens off by more than FLIP_REL count as flipped: at most one, or 1 % of a block's tokens, and
+# the rest must agree within the tolerance.
+FLIP_REL, MAX_FLIPPED_SHARE = 0.1, 0.01
+
+
+def _rel_except_flipped(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, int]:
+    """(rel L2 of out against ref over the tokens that did not flip, how many flipped)."""
+    per_token = (out.double() - ref.double()).norm(dim=-1) / ref.double().norm(dim=-1).clamp_min(1e-300)
+    kept = per_token <= FLIP_REL
+    return rel_l2(out[kept], ref[kept]), int((~kept).sum())
+
+
 def _worker(rank: int, world: int, seed: int) -> dict:
     import torch.distributed as dist
 
@@ -71,8 +85,8 @@ def _worker(rank: int, world: int, seed: int) -> dict:
         "ops": ops(gathering.report),
         "ops_today": ops(today.report),
         "bitwise_today": [bool(torch.equal(a, b)) for a, b in zip(fused, fused_today, strict=True)],
-        "rel_unfused": [rel_l2(a, b) for a, b in zip(fused, unfused, strict=True)],
-        "rel_eager": [rel_l2(a, b) for a, b in zip(fused, eager, strict=True)],
+        "rel_unfused": [_rel_except_flipped(a, b) for a, b in zip(fused, unfused, strict=True)],
+        "rel_eager": [_rel_except_flipped(a, b) for a, b in zip(fused, eager, strict=True)],
         "finite": all(bool(torch.isfinite(out).all()) for out in fused),
         "shapes": [tuple(out.shape) for out in fused],
     }
@@ -91,5 +105,6 @@ def test_gathering_op_is_bitwise_todays_rewrite_on_gloo(world, rng_seed):
         assert res["shapes"] == [(DECODE, CFG.hidden_size)] * 2 + [(PREFILL, CFG.hidden_size)], res["shapes"]
         assert res["finite"], rank
         assert res["bitwise_today"] == [True] * 3, (rank, res["bitwise_today"])
-        for rel, tol in ((res["rel_unfused"], TOLERANCES), (res["rel_eager"], TOLERANCES)):
-            assert all(r <= t for r, t in zip(rel, tol, strict=True)), (rank, rel)
+        for found in (res["rel_unfused"], res["rel_eager"]):
+            for (rel, flipped), tol, tokens in zip(found, TOLERANCES, (DECODE, DECODE, PREFILL), strict=True):
+                assert rel <= tol and flipped <= max(1, int(MAX_FLIPPED_SHARE * tokens)), (rank, found)
