@@ -46,7 +46,7 @@ from ...common.gdc import wait_own_copies_0, wait_own_copies_1
 from ...common.mxfp4 import e2m1_lut
 from ...common.triton_compat import cta_barrier
 from ...common.triton_numerics import situ
-from .ring_loops import _ring_coord
+from .ring_loops import _alloc_ring, _ring_coord
 
 RING: gl.constexpr = gl.constexpr(4)  # stages of every ring and weight tiles; the k loop is unrolled by it
 STEP: gl.constexpr = gl.constexpr(128)  # k per step: one promotion block
@@ -180,15 +180,7 @@ def _w4a8_mainloop(w_desc, w_row, s_ptrs, g_ptrs, tab_ptr, gs0_ptr, gs1_ptr, as_
     the rows' activation scales at k = 0 (the MMA's row layout); a_rows, a_mask: the rows' e4m3 activations."""
     HALF: gl.constexpr = BN // 2
     mma_l: gl.constexpr = _mma_layout(NW, HALF)
-    w_shape: gl.constexpr = w_desc.block_type.shape
-    # Separate allocations: the compiler's barrier analysis tells them apart (views of one alias in its eyes).
-    ws = (gl.allocate_shared_memory(w_desc.dtype, w_shape, w_desc.layout),
-          gl.allocate_shared_memory(w_desc.dtype, w_shape, w_desc.layout),
-          gl.allocate_shared_memory(w_desc.dtype, w_shape, w_desc.layout),
-          gl.allocate_shared_memory(w_desc.dtype, w_shape, w_desc.layout))
-    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
-    rs = (gl.allocate_shared_memory(gl.int64, [1], bar_l), gl.allocate_shared_memory(gl.int64, [1], bar_l),
-          gl.allocate_shared_memory(gl.int64, [1], bar_l), gl.allocate_shared_memory(gl.int64, [1], bar_l))
+    ws, rs = _alloc_ring(w_desc, RING)  # separate allocations: the compiler's barrier analysis tells them apart
     op_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     wts = (gl.allocate_shared_memory(gl.float8e4nv, [BN, STEP], op_l),
            gl.allocate_shared_memory(gl.float8e4nv, [BN, STEP], op_l),
