@@ -47,6 +47,7 @@ from ...common.mxfp4 import e2m1_lut
 from ...common.triton_compat import cta_barrier
 from ...common.triton_numerics import situ
 from .ring_loops import _alloc_ring, _ring_coord
+from .routed_gemm import _program_tile
 
 RING: gl.constexpr = gl.constexpr(4)  # stages of every ring and weight tiles; the k loop is unrolled by it
 STEP: gl.constexpr = gl.constexpr(128)  # k per step: one promotion block
@@ -241,11 +242,7 @@ def l1_w4a8_kernel(z8_ptr, zs_ptr, s_ptr, g_ptr, tab_ptr, sorted_ptr, block_expe
     one program per (128-row block, BN / 2 columns); the gate rows and the same columns' up rows in one 3-d TMA box."""
     NW: gl.constexpr = num_warps
     HALF: gl.constexpr = BN // 2
-    pid = gl.program_id(0)
-    tiles_n = inter // HALF
-    blk = pid // tiles_n
-    n0 = (pid % tiles_n) * HALF
-    expert = gl.load(block_expert_ptr + blk)
+    blk, n0, expert, _ = _program_tile(block_expert_ptr, inter, HALF, 1)
     if expert >= 0:
         row0 = blk * BM
         act_l: gl.constexpr = _act_layout(NW)
@@ -275,11 +272,7 @@ def l2_w4a8_kernel(a8_ptr, as_ptr, s_ptr, g_ptr, tab_ptr, sorted_ptr, block_expe
     columns)."""
     NW: gl.constexpr = num_warps
     HALF: gl.constexpr = BN // 2
-    pid = gl.program_id(0)
-    tiles_n = latent // BN
-    blk = pid // tiles_n
-    n0 = (pid % tiles_n) * BN
-    expert = gl.load(block_expert_ptr + blk)
+    blk, n0, expert, _ = _program_tile(block_expert_ptr, latent, BN, 1)
     if expert >= 0:
         row0 = blk * BM
         act_l: gl.constexpr = _act_layout(NW)
