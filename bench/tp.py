@@ -168,8 +168,7 @@ def worker(rank: int, world: int, port: int, ms: list[int], out: str) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
     try:
-        exchange = lmf.prepare_symmetric_exchange(dist.group.WORLD, max_tokens=max(ms), hidden=HIDDEN,
-                                                 token_gather=True)
+        exchange = lmf.prepare_symmetric_exchange(dist.group.WORLD, max_tokens=max(ms), hidden=HIDDEN)
         if exchange is None:
             raise SystemExit("no symmetric workspace on this group (see prepare_symmetric_exchange)")
         peer_bw = peer_write_bytes_per_s(exchange, rank, world)

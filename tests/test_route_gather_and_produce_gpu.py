@@ -202,7 +202,7 @@ def _symmetric_worker(rank: int, world: int, seed: int) -> dict:
     results = {}
     for method in ("copies", "kernel"):
         os.environ |= {symm_exchange.ENV: "on", symm_exchange.METHOD_ENV: method}  # read by prepare: the forcing
-        exchange = lmf.prepare_symmetric_exchange(dist.group.WORLD, token_gather=True, max_tokens=max(TOKENS),
+        exchange = lmf.prepare_symmetric_exchange(dist.group.WORLD, max_tokens=max(TOKENS),
                                                   hidden=block.cfg.hidden_size)
         assert exchange is not None and exchange.setting == "on", "no workspace on an NCCL group of GPUs"
         filled: list[torch.Tensor] = []

@@ -209,7 +209,7 @@ class SymmetricExchange:
         if device != self.device:
             return f"the tokens are on {device}, the workspace on {self.device}"
         if self.token_bytes == 0:
-            return "the workspace has no token region (prepare_symmetric_exchange(..., token_gather=True) adds it)"
+            return "the workspace has no token region"
         if tokens > self.max_tokens:
             return f"M = {tokens} local tokens exceed the workspace's max_tokens = {self.max_tokens}"
         if hidden > self.hidden:
@@ -403,15 +403,13 @@ def _local_reason(group: dist.ProcessGroup, device: torch.device) -> str | None:
 
 def prepare_symmetric_exchange(group: dist.ProcessGroup | str | None = None, max_tokens: int = 4096,
                                hidden: int = 7168, dtype: torch.dtype = torch.bfloat16,
-                               device: torch.device | str | None = None,
-                               token_gather: bool = False) -> SymmetricExchange | None:
+                               device: torch.device | str | None = None) -> SymmetricExchange | None:
     """Allocate and rendezvous `group`'s symmetric workspace (collective: every rank of the group calls it, outside
     any forward and outside CUDA-graph capture). max_tokens: the most tokens one op call moves (TP: M on every
     rank, SP: the local tokens, also what the SP token gather moves); hidden, dtype: the block's hidden size and
-    fragment dtype (larger calls fall back to torch.distributed). The workspace holds the fragment region, about
-    R x max_tokens x hidden elements (the kernel method's chunk places may need more), and the output gather's
-    R x max_tokens x hidden/R; token_gather=True (opt-in: its window is not measured yet) adds the SP token gather's
-    region of the fragment region's size (~151 / 302 / 604 MB a rank at R = 2 / 4 / 8, 4096 tokens, H = 7168, bf16). Returns the exchange, or None where any rank cannot take part
+    fragment dtype (larger calls fall back to torch.distributed). The workspace holds the fragment region and the
+    token region, each about R x max_tokens x hidden elements (the kernel method's chunk places may need more), and
+    the output gather's R x max_tokens x hidden/R. Returns the exchange, or None where any rank cannot take part
     or LMF_SYMM_EXCHANGE=off on any rank (then every rank keeps the torch.distributed path)."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("prepare_symmetric_exchange needs torch.distributed initialised (init_process_group)")
@@ -444,7 +442,7 @@ def prepare_symmetric_exchange(group: dist.ProcessGroup | str | None = None, max
 
     itemsize = _itemsize(dtype)
     fragment_bytes, output_bytes = region_sizes(world, max_tokens, hidden, itemsize)
-    token_bytes = token_region_bytes(world, max_tokens, hidden, itemsize) if token_gather else 0
+    token_bytes = token_region_bytes(world, max_tokens, hidden, itemsize)
     total = fragment_bytes + output_bytes + flag_bytes(world) + token_bytes
     try:
         buffer = symm_mem.empty(total, dtype=torch.uint8, device=device)
