@@ -7,11 +7,6 @@ replayed in alternating rounds with a barrier before each replay, the slowest ra
   publication ([R M, H] -> [M, R, H]) and the TP output all-gather ([M, H/R] -> [M, H]), by symmetric memory
   (`symm`: one Triton launch per exchange; `symm_copies`: torch copies between two workspace barriers) and by
   NCCL (`nccl`: fragment_layouts.py's all-to-all / all-gather);
-- the SP token gather row: every rank's local [M, H] tokens into [R M, H] on the shared expert's stream, as
-  lmf::route_gather_and_produce issues it (start_token_gather), beside a down-projection of the same tokens on the
-  caller's stream, joined after both; symmetric (`symm`, `symm_copies`) against NCCL's all-gather (`nccl`), with
-  the down-projection alone (`down_us`) for what the gather adds to it. Its window (symm_exchange.TOKEN_WINDOWS,
-  unmeasured so far) is to be read from this row on R = 2, 4, 8;
 - tail rows: the unfused tails as the compiled reference block runs them (TP: NCCL all-reduce of the shared
   partial, SP: its reduce-scatter; then y_n @ W_up^T + s) against the fused ones (fragment publication, then
   lmf::latent_tail, TP with its output all-gather), fused with each exchange.
@@ -71,9 +66,6 @@ def rows_for(m: int, exchange, world: int, rank: int, peer_bw: float) -> list[di
     import torch.distributed._functional_collectives as funcol
 
     from latent_moe_fusion.ops.common import fragment_layouts as layouts
-    from latent_moe_fusion.ops.common.side_streams import side_stream
-    from latent_moe_fusion.ops.routed.router_fused.down_projection import project_down
-    from latent_moe_fusion.ops.routed.router_fused.route_gather_and_produce import start_token_gather
 
     name, dev = dist.group.WORLD.group_name, exchange.device
     gen = torch.Generator().manual_seed(1000 + m)  # same draws on every rank
@@ -87,10 +79,6 @@ def rows_for(m: int, exchange, world: int, rank: int, peer_bw: float) -> list[di
     slices = [draw(m, HIDDEN // world) for _ in range(sets)]
     y_n = [draw(m, LATENT) for _ in range(sets)]
     w_up = draw(HIDDEN, LATENT) / LATENT**0.5
-    x_sp = [draw(m, HIDDEN) for _ in range(sets)]  # the SP block's local tokens
-    x_s = [torch.empty(world * m, HIDDEN, dtype=torch.bfloat16, device=dev) for _ in range(sets)]
-    z = [torch.empty(m, LATENT, dtype=torch.bfloat16, device=dev) for _ in range(sets)]
-    w_down = draw(LATENT, HIDDEN) / HIDDEN**0.5
 
     def with_setting(setting: str, fn, method: str = "kernel"):
         def step(i: int):
@@ -119,18 +107,6 @@ def rows_for(m: int, exchange, world: int, rank: int, peer_bw: float) -> list[di
         "SP fragments": (lambda i: layouts.publish_fragments(s_sp[i], "token_publish", name), sp_bytes),
         "TP output all-gather": (lambda i: layouts.gather_columns(slices[i], name), tp_bytes),
     }
-    def gather_beside_down(gather: bool):
-        def run(i: int):
-            main, shared = torch.cuda.current_stream(dev), side_stream(dev, "shared_first")
-            shared.wait_stream(main)
-            if gather:
-                with torch.cuda.stream(shared):  # as lmf::route_gather_and_produce issues it
-                    start_token_gather(x_s[i], x_sp[i], name, symmetric=True)
-            project_down(x_sp[i], w_down, z[i])
-            main.wait_stream(shared)
-            return x_s[i], z[i]
-        return run
-
     rows = []
     for part, (fn, sent) in parts.items():
         times = time_graphs_interleaved_ms({"symm": with_setting("on", fn), "copies": with_setting("on", fn, "copies"),
@@ -138,15 +114,6 @@ def rows_for(m: int, exchange, world: int, rank: int, peer_bw: float) -> list[di
                                            sets, ROUNDS, REPLAYS, before_each=dist.barrier)
         rows.append({"part": part, "M": m, "symm_us": times["symm"] * 1e3, "symm_copies_us": times["copies"] * 1e3,
                      "nccl_us": times["nccl"] * 1e3, "floor_us": sent / peer_bw * 1e6})
-    gather = gather_beside_down(True)
-    times = time_graphs_interleaved_ms({"symm": with_setting("on", gather),
-                                        "copies": with_setting("on", gather, "copies"),
-                                        "nccl": with_setting("off", gather),
-                                        "down": with_setting("off", gather_beside_down(False))},
-                                       sets, ROUNDS, REPLAYS, before_each=dist.barrier)
-    rows.append({"part": "SP token gather", "M": m, "symm_us": times["symm"] * 1e3,
-                 "symm_copies_us": times["copies"] * 1e3, "nccl_us": times["nccl"] * 1e3,
-                 "down_us": times["down"] * 1e3, "floor_us": sp_bytes / peer_bw * 1e6})
     for part, fused, unfused in (("TP tail", fused_tail(s_tp, "hidden_scatter"), unfused_tp_tail),
                                  ("SP tail", fused_tail(s_sp, "token_publish"), unfused_sp_tail)):
         times = time_graphs_interleaved_ms({"unfused": with_setting("off", unfused),
@@ -179,7 +146,7 @@ def worker(rank: int, world: int, port: int, ms: list[int], out: str) -> None:
             dist.all_gather_object(every, mine)
             for i, row in enumerate(mine):
                 row = dict(row)
-                for key in ("symm_us", "symm_copies_us", "nccl_us", "unfused_us", "down_us"):
+                for key in ("symm_us", "symm_copies_us", "nccl_us", "unfused_us"):
                     if key in row:
                         row[key] = max(r[i][key] for r in every)  # the slowest rank
                 row["symm_vs_nccl"] = row["nccl_us"] / row["symm_us"]
@@ -201,16 +168,13 @@ def worker(rank: int, world: int, port: int, ms: list[int], out: str) -> None:
                 "timing": f"one CUDA graph per variant ({2} rotating input sets up to M = 128, 1 beyond), {ROUNDS} "
                           f"alternating rounds of {REPLAYS} replays, a barrier before each; the slowest rank's median"}
             write_results("tp", rows, ["part", "M", "symm_us", "symm_copies_us", "nccl_us", "symm_vs_nccl", "floor_us",
-                                       "symm_x_floor", "down_us",
+                                       "symm_x_floor",
                                        "unfused_us", "fused_symm_vs_unfused", "fused_nccl_vs_unfused"], meta, out,
                           notes="floor_us: the bytes a rank sends to its peers ((R-1)/R M H 2 for TP, (R-1) M H 2 for "
                                 "SP, whose M is the local tokens), over the measured peer-write bandwidth. Tails: "
                                 "symm_us / symm_copies_us / nccl_us are the fused tail (fragment publication + "
                                 "lmf::latent_tail, TP with its output all-gather) with each exchange, unfused_us the "
-                                "NCCL all-reduce (TP) or reduce-scatter (SP) + y_n @ W_up^T + s. SP token gather: "
-                                "the gather on the shared stream beside a down-projection of the same [M, H] tokens "
-                                "(M local), both joined; down_us the down-projection alone, floor_us the gather's "
-                                "bytes only.")
+                                "NCCL all-reduce (TP) or reduce-scatter (SP) + y_n @ W_up^T + s.")
     finally:
         dist.destroy_process_group()
 

@@ -198,9 +198,8 @@ _DECLARED = (
         unset="`auto`",
         effect="Agreed across the group by the minimum: if any rank has `off`, `prepare_symmetric_exchange` returns "
                "None and every rank keeps torch.distributed. `auto` takes the symmetric-memory path within the "
-               "measured token windows (copies: from 8 tokens; kernel: from 1; the SP token gather of "
-               "`lmf::route_gather_and_produce`: not measured, so never); `on` takes it wherever the workspace fits "
-               "(up to max_tokens), the token gather included. Moves bitwise the same bytes as torch.distributed.",
+               "measured token windows (copies: from 8 tokens; kernel: from 1); `on` takes it wherever the workspace "
+               "fits (up to max_tokens). Moves bitwise the same bytes as torch.distributed.",
         read_in=("ops/common/symm_exchange.py",),
         read_when="once, by `prepare_symmetric_exchange`",
     ),

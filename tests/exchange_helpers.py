@@ -6,12 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from latent_moe_fusion.ops.common.symm_exchange import (
-    SymmetricExchange,
-    flag_bytes,
-    region_sizes,
-    token_region_bytes,
-)
+from latent_moe_fusion.ops.common.symm_exchange import SymmetricExchange, flag_bytes, region_sizes
 
 
 class BufferHandle:
@@ -47,15 +42,9 @@ def dense_fragments(partials: list[torch.Tensor], mode: str, owner: int) -> torc
 
 def workspace_sizes(world: int, max_tokens: int, hidden: int, itemsize: int = 4) -> tuple[int, int, int]:
     """(fragment region, output region, whole buffer) bytes of a workspace, as prepare_symmetric_exchange sizes it
-    (itemsize 4: room for float32 parts too); the token region is the buffer's last token_bytes."""
+    (itemsize 4: room for float32 parts too)."""
     fragment_bytes, output_bytes = region_sizes(world, max_tokens, hidden, itemsize)
-    return (fragment_bytes, output_bytes,
-            fragment_bytes + output_bytes + flag_bytes(world) + token_bytes(world, max_tokens, hidden, itemsize))
-
-
-def token_bytes(world: int, max_tokens: int, hidden: int, itemsize: int = 4) -> int:
-    """The token region's bytes, as prepare_symmetric_exchange sizes it (itemsize: as workspace_sizes)."""
-    return token_region_bytes(world, max_tokens, hidden, itemsize)
+    return fragment_bytes, output_bytes, fragment_bytes + output_bytes + flag_bytes(world)
 
 
 def shared_cpu_buffers(world: int, max_tokens: int, hidden: int) -> list[torch.Tensor]:
@@ -63,9 +52,8 @@ def shared_cpu_buffers(world: int, max_tokens: int, hidden: int) -> list[torch.T
     regions, the flags at rest, as prepare_symmetric_exchange leaves them."""
     fragment_bytes, output_bytes, total = workspace_sizes(world, max_tokens, hidden)
     buffers = [torch.full((total,), 0xFF, dtype=torch.uint8) for _ in range(world)]
-    flags = fragment_bytes + output_bytes
     for buffer in buffers:
-        buffer[flags:flags + flag_bytes(world)] = 0
+        buffer[fragment_bytes + output_bytes:] = 0
         buffer.share_memory_()
     return buffers
 
@@ -77,5 +65,4 @@ def cpu_exchange(rank: int, buffers: list[torch.Tensor], max_tokens: int, hidden
     fragment_bytes, output_bytes, _ = workspace_sizes(world, max_tokens, hidden)
     return SymmetricExchange(group_name, world, rank, torch.device("cpu"), max_tokens, hidden, setting, buffers[rank],
                              BufferHandle(buffers, barrier), fragment_bytes, output_bytes, method=method,
-                             max_programs=3, fragment_programs=2,
-                             token_bytes=token_bytes(world, max_tokens, hidden), token_programs=2)
+                             max_programs=3, fragment_programs=2)

@@ -9,9 +9,6 @@ op gathered on) show the down-projection done while the gather is still pending:
 waited for the gather. A watcher thread polls the events while the op's host side runs, so a host sync later in the
 op (none is expected; the id check is switched off) would not hide the order. Checked at 8 tokens a rank (the
 shared-first schedule) and 256 (in a row: router and down-projection on the caller's stream, the gather beside).
-
-Symmetric: with LMF_SYMM_EXCHANGE=on (each method) the op gathers by symmetric-memory peer writes, once a call, and
-the x_s it filled and its outputs are bitwise the collective's.
 """
 
 from __future__ import annotations
@@ -61,9 +58,9 @@ class _Spy:
         self.down.append(event)
         return out
 
-    def _gather(self, *args, **kwargs):
+    def _gather(self, *args):
         self.gather_streams.append(torch.cuda.current_stream())
-        self.real_gather(*args, **kwargs)
+        self.real_gather(*args)
         event = torch.cuda.Event()
         event.record()  # behind the gather's wait: done once every rank's tokens are in
         self.gathered.append(event)
@@ -185,61 +182,3 @@ def test_compiled_sp_block_is_bitwise_todays_rewrite(world, rng_seed):
             assert res["gathers"] == [True] and res["ops"] == (0, 1), (rank, m, res)
             assert res["bitwise_today"], (rank, m, res)
             assert res["rel_eager"] <= 1.5e-2, (rank, m, res)
-
-
-def _symmetric_worker(rank: int, world: int, seed: int) -> dict:
-    """The op with LMF_SYMM_EXCHANGE=on (each method): its x_s, as the symmetric token gather filled it, and its
-    outputs against the collective's."""
-    import torch.distributed as dist
-
-    from latent_moe_fusion.ops.common import symm_exchange
-    from tests.test_route_gather_and_produce import _args, _gathered_reference
-
-    dev = torch.device("cuda", rank)
-    block = _sp_block(dist.group.WORLD, dev)
-    group_name = dist.group.WORLD.group_name
-    op = torch.ops.lmf.route_gather_and_produce
-    results = {}
-    for method in ("copies", "kernel"):
-        os.environ |= {symm_exchange.ENV: "on", symm_exchange.METHOD_ENV: method}  # read by prepare: the forcing
-        exchange = lmf.prepare_symmetric_exchange(dist.group.WORLD, max_tokens=max(TOKENS),
-                                                  hidden=block.cfg.hidden_size)
-        assert exchange is not None and exchange.setting == "on", "no workspace on an NCCL group of GPUs"
-        filled: list[torch.Tensor] = []
-        real = exchange.gather_tokens
-
-        def spy(x, out=None, real=real, filled=filled):
-            out = real(x, out)
-            filled.append(out.clone())  # on the stream it was gathered on, after the gather
-            return out
-
-        exchange.gather_tokens = spy
-        for m in TOKENS:
-            gen = torch.Generator().manual_seed(seed + m)
-            x = torch.randn(world, m, block.cfg.hidden_size, generator=gen)[rank].to(dev, torch.bfloat16)
-            args = _args(block, x, group_name, world, router_gemm="bf16")
-            before = exchange.token_gathers
-            y_n, ws = op(**args)
-            torch.cuda.synchronize()
-            symmetric = exchange.token_gathers - before
-            symm_exchange.release_symmetric_exchange(group_name)  # the reference: the collective throughout
-            want_x_s, (want_y_n, want_ws) = _gathered_reference(args, group_name, world)
-            torch.cuda.synchronize()
-            symm_exchange._EXCHANGES[group_name] = exchange
-            results[(method, m)] = {
-                "symmetric": symmetric,
-                "x_s_bitwise": bool(filled and torch.equal(filled[-1], want_x_s)),
-                "bitwise": bool(torch.equal(y_n, want_y_n) and torch.equal(ws, want_ws)),
-            }
-        symm_exchange.release_symmetric_exchange(group_name)
-    return results
-
-
-@pytest.mark.parametrize("world", [2, 4])
-def test_forced_symmetric_gather_gives_the_collectives_tokens(world, rng_seed):
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} GPUs, this machine has {torch.cuda.device_count()}")
-    results = run_gloo(_symmetric_worker, world, (rng_seed,), timeout=900, backend="nccl")
-    for rank, per_case in enumerate(results):
-        for case, res in per_case.items():
-            assert res == {"symmetric": 1, "x_s_bitwise": True, "bitwise": True}, (rank, case, res)

@@ -174,26 +174,6 @@ def gather_columns(out_slice: torch.Tensor, group_name: str | None, symmetric: b
     return gathered.view(world, m, width).permute(1, 0, 2).reshape(m, world * width)
 
 
-def gather_tokens(x: torch.Tensor, group_name: str | None, symmetric: bool = True,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
-    """Every rank's tokens [M, H] into [R*M, H] (rank-major; `out` where given, else fresh): by peer writes where a
-    symmetric-memory workspace serves the SP token gather (symm_exchange.token_gather_exchange; symmetric=False:
-    always torch.distributed), else all_gather_into_tensor. On the current stream; the host does not wait."""
-    world = group_size(group_name)
-    if out is None:
-        out = x.new_empty(world * x.shape[0], x.shape[1])
-    if world == 1:
-        return out.copy_(x)
-    if symmetric:
-        from .symm_exchange import token_gather_exchange
-
-        exchange, _ = token_gather_exchange(group_name, x)
-        if exchange is not None:
-            return exchange.gather_tokens(x, out)
-    dist.all_gather_into_tensor(out, x.contiguous(), group=resolve_group(group_name), async_op=True).wait()
-    return out
-
-
 def rank_tail_operands(
     y_n: torch.Tensor, w_up: torch.Tensor, ws: torch.Tensor, mode: str, group_name: str | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

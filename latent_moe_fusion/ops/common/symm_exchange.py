@@ -1,17 +1,15 @@
-"""Symmetric-memory fragment publication, output all-gather and SP token gather for R > 1 on CUDA (docs/design.md,
-section 2: "symmetric-memory peer writes where available"). layouts.py's torch.distributed movement is the
-reference; these paths move the same bytes to the same places, so the ops' outputs are bitwise those of the
-reference path.
+"""Symmetric-memory fragment publication and output all-gather for R > 1 on CUDA (docs/design.md, section 2:
+"symmetric-memory peer writes where available"). layouts.py's torch.distributed movement is the reference; these
+paths move the same bytes to the same places, so the ops' outputs are bitwise those of the reference path.
 
     lmf.prepare_symmetric_exchange(group, max_tokens=4096, hidden=7168)   # collective, once, before capture
 
 allocates one symmetric workspace per group (`torch.distributed._symmetric_memory`: every rank maps every peer's
-buffer; unicast stores only, NVLink multicast is never used; three regions of about R x max_tokens x H elements, H/R
-for the output gather's) and rendezvouses it. From then on, where the token count lies in the measured window
-(`WINDOWS`, per method and kind), the producers publish their shared fragments by peer writes into the owners'
-workspaces and the hidden_scatter tail gathers its output column slices the same way. One exchange on rank q, on the
-stream that made the data, in one Triton launch with `method = "kernel"` (peer_exchange.py: one signal per program
-and peer, in the workspace's flags):
+buffer; unicast stores only, NVLink multicast is never used) and rendezvouses it. From then on, where the token
+count lies in the measured window (`WINDOWS`, per method and kind), the producers publish
+their shared fragments by peer writes into the owners' workspaces and the hidden_scatter tail gathers its output
+column slices the same way. One exchange on rank q, on the stream that made the data, in one Triton launch with
+`method = "kernel"` (peer_exchange.py: one signal per program and peer, in the workspace's flags):
 
     peer writes   owner p's workspace receives q's part for p, each program's share once p has copied out what
                   that program sent last time (its flag back at 0), then signalled (flag 1, release at system scope)
@@ -24,22 +22,15 @@ barriers (handle.barrier: every rank's last copy-out done / every peer's writes 
 launches for R = 2.
 LMF_SYMM_EXCHANGE_METHOD chooses at prepare time.
 
-The SP token gather (gather_tokens: every rank's [M, H] tokens into a fresh [R*M, H], rank-major, as
-all_gather_into_tensor makes it) is the third kind, with its own region (after the flags) and flags: rank q stores
-its tokens into slot q of every peer's token region, the same peer writes and signals (part stride 0: one part for
-every peer). lmf::route_gather_and_produce runs it on the shared expert's stream where it chooses it. Its window is
-not measured (TOKEN_WINDOWS): under "auto" it is never taken, LMF_SYMM_EXCHANGE=on takes it wherever the workspace
-fits.
-
 The fragment exchange runs on its own stream (fragment_layouts.start_publish), forked where the shared expert's
 output is ready, beside the routed experts whether the shared GEMMs ran on a side stream (decode) or in line
 (prefill); the caller's stream joins it before the producer returns. The TP output gather runs on the caller's
 stream: the tail, next on that stream, is what waits for it.
 
 Selection is rank-consistent: the workspace exists on every rank or on none (prepare agrees on success and on the
-LMF_SYMM_EXCHANGE setting across the group), and the per-call choice depends only on the token count, the hidden
-size and the dtype, which are the same on every rank (token_gather_exchange also says why it refuses). Anything
-else (CPU, gloo, no workspace, too many tokens, the window) takes the torch.distributed path.
+LMF_SYMM_EXCHANGE setting across the group), and the per-call choice depends only on the token count and the
+hidden size, which are the same on every rank. Anything else (CPU, gloo, no workspace, too many tokens, the
+window) takes the torch.distributed path.
 """
 
 from __future__ import annotations
@@ -73,16 +64,12 @@ WINDOWS: dict[str, tuple[tuple[int, int | None], tuple[int, int | None]]] = {
     "copies": ((EXCHANGE_THRESHOLDS.value("copies_fragments_min_tokens"), None),
                (EXCHANGE_THRESHOLDS.value("copies_gather_min_tokens"), None)),
 }
-# The SP token gather's window per method: None until bench/tp.py's "SP token gather" row has been measured on
-# several GPUs (docs/design/tensor-parallel-schedule.md says how the bound is to be chosen): "auto" keeps the
-# collective, "on" forces the symmetric gather wherever the workspace fits.
-TOKEN_WINDOWS: dict[str, tuple[int, int | None] | None] = {"kernel": None, "copies": None}
-# Signal channels of the workspace's signal pad (copy method): each kind uses its own pair.
-_CHANNELS = {"fragments": (0, 1), "gather": (2, 3), "tokens": (4, 5)}
+# Signal channels of the workspace's signal pad (copy method): fragments and output gather each use their own pair.
+_CHANNELS = {"fragments": (0, 1), "gather": (2, 3)}
 # The fragments go out beside the routed experts, whose kernels fill the SMs: a few exchange programs leave them
 # their slots (each program spins only for its own chunks); the TP output gather gets every SM.
 FRAGMENT_PROGRAMS = 32
-_KINDS = ("fragments", "gather", "tokens")
+_KINDS = ("fragments", "gather")
 _ALIGN = 256
 _MAX_VIEWS = 1024
 METHODS = ("kernel", "copies")
@@ -118,10 +105,8 @@ class Parts:
 
 @dataclass
 class SymmetricExchange:
-    """One group's workspace: [fragment region | output region | flags | token region] of one symmetric allocation
-    on every rank. A region holds [R, rows, cols] (slot r: what rank r sent); flags: int32 [3 kinds, 2 R,
-    MAX_PROGRAMS], zero at rest. The token region comes last so that the first three keep their offsets
-    (token_bytes 0: a workspace without one, which never serves the token gather).
+    """One group's workspace: [fragment region | output region | flags] of one symmetric allocation on every rank.
+    A region holds [R, rows, cols] (slot r: what rank r sent); flags: int32 [2 kinds, 2 R, MAX_PROGRAMS], zero at rest.
     method "kernel": one Triton launch per exchange (peer_exchange.py); "copies": torch copies
     between two workspace barriers (module docstring)."""
 
@@ -141,13 +126,8 @@ class SymmetricExchange:
     fragment_programs: int = FRAGMENT_PROGRAMS
     fragment_window: tuple[int, int | None] | None = None  # None: the method's WINDOWS entry
     gather_window: tuple[int, int | None] | None = None
-    token_bytes: int = 0
-    # The token gather runs beside the router and the down-projection, which fill the SMs: a fragment-sized grid.
-    token_programs: int = FRAGMENT_PROGRAMS
-    token_window: tuple[int, int | None] | None = None  # None: the method's TOKEN_WINDOWS entry (None: never)
     publishes: int = 0  # calls that took this path (host counts: what a test or benchmark asserts ran)
     gathers: int = 0
-    token_gathers: int = 0
     places: dict = field(default_factory=dict)  # kind -> (chunk places per source rank, bytes per place)
     _views: dict = field(default_factory=dict, repr=False)
     _tables: dict = field(default_factory=dict, repr=False)
@@ -155,22 +135,18 @@ class SymmetricExchange:
     def __post_init__(self) -> None:
         if not self.places:
             self.places = kernel_places(self.world, self.max_tokens, self.hidden, self.fragment_bytes,
-                                        self.output_bytes, self.token_bytes)
+                                        self.output_bytes)
 
     def _wanted(self, tokens: int, window: tuple[int, int | None] | None, kind: str) -> bool:
         if self.setting == "off" or tokens > self.max_tokens:
             return False
         if self.setting == "on":
             return True
-        if kind == "tokens":
-            window = window or TOKEN_WINDOWS[self.method]
-            if window is None:  # not measured: the collective
-                return False
         low, high = window or WINDOWS[self.method][_KINDS.index(kind)]
         return tokens >= low and (high is None or tokens <= high)
 
     def _region(self, kind: str) -> int:
-        return {"fragments": self.fragment_bytes, "gather": self.output_bytes, "tokens": self.token_bytes}[kind]
+        return self.fragment_bytes if kind == "fragments" else self.output_bytes
 
     def _places(self, kind: str, dtype: torch.dtype):
         """The kernel's chunk places in `kind`'s region, counted in elements of dtype."""
@@ -183,15 +159,13 @@ class SymmetricExchange:
         """Whether an exchange of [rows, cols] parts fits the region: the copies' R slots, the kernel's chunks."""
         from .peer_exchange import Chunks
 
-        if kind not in self.places:  # a workspace without this region
-            return False
         if self.method == "copies":
             return self.world * rows * cols * _itemsize(dtype) <= self._region(kind)
         return self._places(kind, dtype).hold(Chunks.of(rows, cols), self._programs(kind))
 
     def _programs(self, kind: str) -> int:
         """The kernel's grid for `kind`: fixed for the workspace's life (program i owns its flags and places)."""
-        return {"fragments": self.fragment_programs, "tokens": self.token_programs}.get(kind, self.max_programs)
+        return self.fragment_programs if kind == "fragments" else self.max_programs
 
     def serves_fragments(self, tokens: int, hidden: int, dtype: torch.dtype, device: torch.device) -> bool:
         if device != self.device or hidden > self.hidden or hidden % self.world:
@@ -203,30 +177,6 @@ class SymmetricExchange:
         return (device == self.device and width * self.world <= self.hidden
                 and self._fits("gather", tokens, width, dtype) and self._wanted(tokens, self.gather_window, "gather"))
 
-    def token_gather_refusal(self, tokens: int, hidden: int, dtype: torch.dtype, device: torch.device) -> str | None:
-        """Why the token gather of [tokens, hidden] parts takes the collective here (None: this exchange serves it).
-        Depends on the sizes, dtype and the group's agreed setting only: the same answer on every rank."""
-        if device != self.device:
-            return f"the tokens are on {device}, the workspace on {self.device}"
-        if self.token_bytes == 0:
-            return "the workspace has no token region"
-        if tokens > self.max_tokens:
-            return f"M = {tokens} local tokens exceed the workspace's max_tokens = {self.max_tokens}"
-        if hidden > self.hidden:
-            return f"H = {hidden} exceeds the workspace's hidden = {self.hidden}"
-        if not self._fits("tokens", tokens, hidden, dtype):
-            return (f"[{tokens}, {hidden}] {dtype} parts do not fit the token region ({self.token_bytes} bytes, "
-                    f"method {self.method})")
-        if not self._wanted(tokens, self.token_window, "tokens"):
-            if self.setting == "off":
-                return "the symmetric exchange is off"
-            window = self.token_window or TOKEN_WINDOWS[self.method]
-            if window is None:
-                return (f"the token gather's window is not measured (method {self.method}): the collective unless "
-                        f"{ENV}=on")
-            return f"M = {tokens} lies outside the token gather's window {window} (method {self.method})"
-        return None
-
     def view(self, rank: int, shape: tuple[int, ...], dtype: torch.dtype, byte_offset: int = 0) -> torch.Tensor:
         """rank's workspace (this rank's mapping of it) as a contiguous tensor of `shape` at byte_offset."""
         key = (rank, shape, dtype, byte_offset)
@@ -237,8 +187,6 @@ class SymmetricExchange:
         return self._views[key]
 
     def _region_offset(self, kind: str) -> int:
-        if kind == "tokens":  # after the flags (class docstring)
-            return self.fragment_bytes + self.output_bytes + flag_bytes(self.world)
         return 0 if kind == "fragments" else self.fragment_bytes
 
     def _flags_offset(self, kind: str) -> int:
@@ -300,46 +248,20 @@ class SymmetricExchange:
         self.gathers += 1
         return out
 
-    def gather_tokens(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Every rank's tokens [M, H] into `out` (default: fresh), [R*M, H] rank-major: bitwise what
-        all_gather_into_tensor makes. On the current stream; every rank of the group must call it with the same M.
-        Raises ValueError where the workspace does not serve [M, H] (token_gather_refusal says why)."""
-        if not isinstance(x, torch.Tensor) or x.ndim != 2:
-            raise ValueError(f"gather_tokens takes this rank's tokens as a 2-D [M, H] tensor, got "
-                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-        m, hidden = x.shape
-        refusal = self.token_gather_refusal(m, hidden, x.dtype, x.device)
-        if refusal is not None:
-            raise ValueError(f"the symmetric token gather cannot take [{m}, {hidden}]: {refusal}; choose it with "
-                             "token_gather_exchange (which falls back to the collective) or prepare the workspace "
-                             "for these sizes")
-        if out is None:
-            out = x.new_empty(self.world * m, hidden)
-        elif (tuple(out.shape) != (self.world * m, hidden) or out.dtype != x.dtype or out.device != x.device
-              or not out.is_contiguous()):
-            raise ValueError(f"out must be a contiguous [R*M, H] = [{self.world * m}, {hidden}] {x.dtype} tensor on "
-                             f"{x.device}, got {tuple(out.shape)} {out.dtype} on {out.device}"
-                             f"{'' if out.is_contiguous() else ' (not contiguous)'}")
-        x = x.contiguous()
-        self._exchange("tokens", Parts(x, 0, hidden, out, m * hidden, hidden, m, hidden))
-        self.token_gathers += 1
-        return out
-
 
 _EXCHANGES: dict[str, SymmetricExchange] = {}
 
 
 def _kernel_layouts(world: int, max_tokens: int, hidden: int):
     """The kernel's chunk places per kind: fragments up to the SP form's [max_tokens, H] parts (TP's are
-    [max_tokens, H/R]), the output gather up to [max_tokens, H/R], the token gather up to [max_tokens, H]."""
+    [max_tokens, H/R]), the gather up to [max_tokens, H/R]."""
     from .peer_exchange import Places
 
-    return {"fragments": Places.up_to(max_tokens, hidden), "gather": Places.up_to(max_tokens, hidden // world),
-            "tokens": Places.up_to(max_tokens, hidden)}
+    return {"fragments": Places.up_to(max_tokens, hidden), "gather": Places.up_to(max_tokens, hidden // world)}
 
 
 def flag_bytes(world: int) -> int:
-    """Bytes of the kernel's flags on a rank, after the first two regions (zero at rest)."""
+    """Bytes of the kernel's flags on a rank, after the two regions (zero at rest)."""
     from .peer_exchange import FLAG_SETS, MAX_PROGRAMS
 
     return len(_KINDS) * FLAG_SETS * world * MAX_PROGRAMS * 4
@@ -354,22 +276,14 @@ def region_sizes(world: int, max_tokens: int, hidden: int, itemsize: int) -> tup
     return -(-fragments // _ALIGN) * _ALIGN, -(-output // _ALIGN) * _ALIGN
 
 
-def token_region_bytes(world: int, max_tokens: int, hidden: int, itemsize: int) -> int:
-    """Token region bytes on a rank (after the flags): the copies' [R, max_tokens, H] slots and the kernel's chunk
-    places, rounded up to _ALIGN. The same bytes as the SP fragment region: R x max_tokens x H."""
-    places = _kernel_layouts(world, max_tokens, hidden)["tokens"]
-    tokens = max(world * max_tokens * hidden * itemsize, places.region_bytes(world, itemsize))
-    return -(-tokens // _ALIGN) * _ALIGN
-
-
-def kernel_places(world: int, max_tokens: int, hidden: int, fragment_bytes: int, output_bytes: int,
-                  token_bytes: int = 0) -> dict[str, tuple[int, int]]:
+def kernel_places(world: int, max_tokens: int, hidden: int, fragment_bytes: int,
+                  output_bytes: int) -> dict[str, tuple[int, int]]:
     """kind -> (places per source rank, bytes per place): each region split evenly over its places (at least the
-    prepared dtype's need, more for wider dtypes where the region has room). No entry for a region of 0 bytes."""
+    prepared dtype's need, more for wider dtypes where the region has room)."""
     layouts = _kernel_layouts(world, max_tokens, hidden)
-    regions = {"fragments": fragment_bytes, "gather": output_bytes, "tokens": token_bytes}
+    regions = {"fragments": fragment_bytes, "gather": output_bytes}
     return {kind: (places.count, regions[kind] // (world * places.count) // 16 * 16)
-            for kind, places in layouts.items() if regions[kind] > 0}
+            for kind, places in layouts.items()}
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -406,11 +320,9 @@ def prepare_symmetric_exchange(group: dist.ProcessGroup | str | None = None, max
                                device: torch.device | str | None = None) -> SymmetricExchange | None:
     """Allocate and rendezvous `group`'s symmetric workspace (collective: every rank of the group calls it, outside
     any forward and outside CUDA-graph capture). max_tokens: the most tokens one op call moves (TP: M on every
-    rank, SP: the local tokens, also what the SP token gather moves); hidden, dtype: the block's hidden size and
-    fragment dtype (larger calls fall back to torch.distributed). The workspace holds the fragment region and the
-    token region, each about R x max_tokens x hidden elements (the kernel method's chunk places may need more), and
-    the output gather's R x max_tokens x hidden/R. Returns the exchange, or None where any rank cannot take part
-    or LMF_SYMM_EXCHANGE=off on any rank (then every rank keeps the torch.distributed path)."""
+    rank, SP: the local tokens); hidden, dtype: the block's hidden size and fragment dtype (larger calls fall back
+    to torch.distributed). Returns the exchange, or None where any rank cannot take part or LMF_SYMM_EXCHANGE=off
+    on any rank (then every rank keeps the torch.distributed path)."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("prepare_symmetric_exchange needs torch.distributed initialised (init_process_group)")
     if group is None or isinstance(group, str):
@@ -442,8 +354,7 @@ def prepare_symmetric_exchange(group: dist.ProcessGroup | str | None = None, max
 
     itemsize = _itemsize(dtype)
     fragment_bytes, output_bytes = region_sizes(world, max_tokens, hidden, itemsize)
-    token_bytes = token_region_bytes(world, max_tokens, hidden, itemsize)
-    total = fragment_bytes + output_bytes + flag_bytes(world) + token_bytes
+    total = fragment_bytes + output_bytes + flag_bytes(world)
     try:
         buffer = symm_mem.empty(total, dtype=torch.uint8, device=device)
         buffer.zero_()  # the flags start at rest; every rank is done before the rendezvous returns anywhere
@@ -463,8 +374,7 @@ def prepare_symmetric_exchange(group: dist.ProcessGroup | str | None = None, max
     programs = _agree_min(torch.cuda.get_device_properties(device).multi_processor_count, group, device)
     exchange = SymmetricExchange(group.group_name, world, rank, device, max_tokens, hidden,
                                  "on" if agreed == _CODES["on"] else "auto", buffer, handle, fragment_bytes,
-                                 output_bytes, method=METHODS[method], max_programs=min(programs, MAX_PROGRAMS),
-                                 token_bytes=token_bytes)
+                                 output_bytes, method=METHODS[method], max_programs=min(programs, MAX_PROGRAMS))
     _EXCHANGES[group.group_name] = exchange
     return exchange
 
@@ -496,13 +406,3 @@ def gather_exchange(group_name: str | None, out_slice: torch.Tensor) -> Symmetri
                                                       out_slice.device):
         return None
     return exchange
-
-
-def token_gather_exchange(group_name: str | None, x: torch.Tensor) -> tuple[SymmetricExchange | None, str]:
-    """(the exchange that gathers SP tokens like x, "") or (None, why the collective gathers them): chosen by the
-    tokens' shape and dtype and the group's agreed setting only, so every rank of the group chooses alike."""
-    exchange = exchange_for(group_name)
-    if exchange is None:
-        return None, "no symmetric workspace for this group (prepare_symmetric_exchange)"
-    refusal = exchange.token_gather_refusal(x.shape[0], x.shape[1], x.dtype, x.device)
-    return (None, refusal) if refusal is not None else (exchange, "")

@@ -21,10 +21,7 @@ its work), and the router, the grouping and the down-projection run on theirs (r
 The gather moves bytes: outputs are bitwise those of lmf::route_and_produce on the gathered x_s. On the CPU (gloo)
 the reference gathers synchronously, then runs lmf::route_and_produce's reference.
 
-On CUDA the gather is by symmetric-memory peer writes (symm_exchange.py's token gather: each rank stores its tokens
-into its slot of every peer's token region) where the group's workspace serves [M, H] and the token gather's
-window chooses it, else the collective. That window is not measured yet (bench/tp.py's "SP token gather" row, on
-several GPUs): by default the collective, LMF_SYMM_EXCHANGE=on forces the peer writes wherever the workspace fits
+Not built yet: the gather by symmetric-memory peer writes and its measured token threshold, which need several GPUs
 (docs/design/tensor-parallel-schedule.md).
 """
 
@@ -39,7 +36,6 @@ from ...common.backends import ANY_DEVICE, Backend, register_backend, select_bac
 from ...common.fragment_layouts import fragment_shape, resolve_group
 from ...common.input_checks import ACTIVATION_DTYPES, LmfInputError, _fail, check_mode_and_group, check_tensor
 from ...common.op_library import _define
-from ...common.symm_exchange import token_gather_exchange
 from .route_and_produce import route_and_produce_cuda, route_and_produce_reference, validate_route_and_produce
 
 OP = "route_gather_and_produce"
@@ -75,17 +71,10 @@ def validate_route_gather_and_produce(*args) -> tuple[int, int, int, int]:
                             f"H = {x.shape[1]}])") from None
 
 
-def start_token_gather(x_s: torch.Tensor, x: torch.Tensor, group_name: str, symmetric: bool = False) -> None:
-    """x_s <- every rank's x, rank-major, and make the current stream wait for it. symmetric: by the group's
-    symmetric workspace where it serves x's [M, H] (the choice depends on M, H and the agreed setting only, so every
-    rank takes the same path), its peer writes and signals on the current stream. Otherwise on CUDA (NCCL) the
-    collective runs on NCCL's stream and only the current stream waits (the host does not); on the CPU (gloo) it is
-    done when this returns."""
-    if symmetric:
-        exchange, _ = token_gather_exchange(group_name, x)
-        if exchange is not None:
-            exchange.gather_tokens(x, x_s)
-            return
+def start_token_gather(x_s: torch.Tensor, x: torch.Tensor, group_name: str) -> None:
+    """x_s <- every rank's x, rank-major, and make the current stream wait for it. On CUDA (NCCL) the collective
+    runs on NCCL's stream and only the current stream waits (the host does not); on the CPU (gloo) it is done when
+    this returns."""
     all_gather_single(x_s, x, group=resolve_group(group_name), async_op=True).wait()
 
 
@@ -102,8 +91,7 @@ def route_gather_and_produce_cuda(*args):
     x, group_name = args[0], args[GROUP_NAME]
     # Made on the caller's stream, which joins the shared stream before the op returns (route_and_produce_cuda).
     x_s = x.new_empty((args[GROUP_SIZE] * x.shape[0], x.shape[1]))
-    return route_and_produce_cuda(*_produce_args(args, x_s),
-                                  gather=lambda: start_token_gather(x_s, x, group_name, symmetric=True))
+    return route_and_produce_cuda(*_produce_args(args, x_s), gather=lambda: start_token_gather(x_s, x, group_name))
 
 
 def _route_gather_and_produce(*args):
