@@ -10,7 +10,7 @@ CACHE=${CACHE:-.ci-cache}
 TESTS="tests/test_gluon_compile_sm90.py tests/test_kernels_compile_sm90.py tests/test_pdl_compile_sm90.py
        tests/test_peer_exchange_compile_sm90.py tests/test_route_compile_sm90.py tests/test_routed_gemv_compile_sm90.py
        tests/test_staged_compile_sm90.py tests/test_routed_fp8.py tests/test_tail_cute_compile.py
-       tests/test_w4a8_compile_sm90.py"
+       tests/test_w4a8_compile_sm90.py tests/test_kappa_compile_sm90.py"
 for version in 3.6.0 3.7.1; do
   target="$CACHE/triton-$version"
   [ -d "$target/triton" ] || "$PY" -m pip install -q --no-deps --target "$target" "triton==$version"

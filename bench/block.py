@@ -186,6 +186,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--m", type=int, nargs="*", default=list(DECODE_M + PREFILL_M))
     ap.add_argument("--no-kernels", action="store_true", help="skip the per-kernel time breakdown")
+    ap.add_argument("--name", default="block",
+                    help="results name: NAME.{json,md,png} and NAME_kernels.md (e.g. block_prefill for a prefill-only run)")
     ap.add_argument("--router-gemm", choices=ROUTER_GEMMS, default="bf16",
                     help="the block's router GEMM (default bf16 with FP32 logits, as serving engines run it)")
     ap.add_argument("--triton-kernels", default=str(DEFAULT_TRITON_KERNELS),
@@ -342,14 +344,14 @@ def main() -> None:
             "compiled_single_call_us", "compiled+fused_single_call_us",
             "compiled+fused_err", "compiled+fused_matched", "compiled+fused-no-router_matched",
             "compiled+fused-no-overlap_matched", "compiled+fused-no-shared-first_matched", "bytes_MB", "GFLOP"]
-    write_results("block", rows, cols, meta, args.out)
+    write_results(args.name, rows, cols, meta, args.out)
     if kernels:
-        (Path(args.out) / "block_kernels.md").write_text(
-            "# block: CUDA kernel time per kernel (profiler, no CUDA graph)\n\n"
+        (Path(args.out) / f"{args.name}_kernels.md").write_text(
+            f"# {args.name}: CUDA kernel time per kernel (profiler, no CUDA graph)\n\n"
             f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}; config: {meta['config']}\n\n"
             + breakdown_markdown(kernels)
         )
-    plot(rows, Path(args.out) / "block.png")
+    plot(rows, Path(args.out) / f"{args.name}.png")
 
 
 def plot(rows, path: Path) -> None:

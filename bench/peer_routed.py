@@ -18,6 +18,7 @@ bandwidth and FLOPs (2 * 3 * I * L per local pair) / measured BF16 MMA rate, the
 
     PYTHONPATH=. python bench/peer_routed.py --check              # correctness only, small M (first)
     PYTHONPATH=. python bench/peer_routed.py --out bench/results  # the timing table: peer_routed.{json,md}
+    PYTHONPATH=. python bench/peer_routed.py --out bench/results --m 4096 16384 32768 --name peer_routed_prefill
     PYTHONPATH=. python bench/peer_routed.py --profile            # kernel by kernel: peer_routed_profile.{json,md}
 
 Without the triton_kernels source (default .peer/python/triton_kernels, or --triton-kernels PATH) it says how to get
@@ -110,6 +111,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--profile", action="store_true",
                       help="torch.profiler kernel table of ours and the peer (peer_routed_profile.md)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--name", default="peer_routed",
+                    help="results name of the timing table (e.g. peer_routed_prefill for a prefill-only run)")
     args = ap.parse_args(argv)
     if args.m is not None and any(m < 1 for m in args.m):
         ap.error("--m values must be >= 1")
@@ -277,7 +280,7 @@ def run_timing(args: argparse.Namespace, setup: Setup) -> None:
         rows.append(timing_row(setup, m, ceilings))
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
         torch.cuda.empty_cache()  # the graphs of the largest M hold tens of GB
-    write_results("peer_routed", rows, COLUMNS, meta(args, ceilings), args.out, notes=DIFFERENCES)
+    write_results(args.name, rows, COLUMNS, meta(args, ceilings), args.out, notes=DIFFERENCES)
 
 
 def run_profile(args: argparse.Namespace, setup: Setup) -> None:

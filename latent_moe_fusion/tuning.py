@@ -222,6 +222,16 @@ class TuningOverrides:
         "shared-memory ring filled by cp.async (1 or 3 steps ahead) or by TMA. K slices, and a K that is not a "
         "whole number of ring rounds, take the loads. All give the same bits.",
         "ops/routed/gluon/__init__.py")
+    staged_kernel: str | None = _knob(
+        "`kappa`, `staged`, `ws`",
+        "`kappa` (1.11-1.17x `staged` on the routed op at M = 4096 .. 32768 on the H200).",
+        "Which kernels run the 128-row prefill blocks of MXFP4 experts on sm_90 (BF16 activations): `kappa` (the "
+        "weights dequantised into the wgmma's register operand, the activations in kappa order by TMA, L1's rows "
+        "gathered first), `staged` (the weights dequantised into shared memory, both operands from there) or `ws` "
+        "(the staged kernels warp-specialised and persistent: loader, dequantiser and MMA warps over mbarrier "
+        "rings; 0.70-0.79x `staged`). `staged` and `ws` give the same bits; `kappa` sums k in another order "
+        "(rel. L2 ~1e-4 from them).",
+        "ops/routed/gluon/__init__.py")
     w4a8_rows: str | None = _knob(
         "`64`, `128`",
         "`128` (1.25-1.30x faster than 64 on the H200).",

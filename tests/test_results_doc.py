@@ -128,6 +128,32 @@ def test_prefill_table_is_prefill_regs_json():
                      default["x_floor"]])
 
 
+def test_prefill_kernels_table_is_prefill_kernels_json():
+    measured = rows_by("prefill_kernels", "M")
+    rows = table(DOC, "| M | staged us | kappa us | ws us |")
+    assert [int(r[0]) for r in rows] == sorted(measured)
+    for cells in rows:
+        r = measured[int(cells[0])]
+        shares = [100 * r[f"{k}_share_of_bf16_rate"] for k in ("staged", "kappa")]
+        check_cells(f"prefill kernels M = {cells[0]}", cells[1:11],
+                    [r["staged_us"], r["kappa_us"], r["ws_us"], r["kappa_speedup"], r["ws_speedup"], r["floor_us"],
+                     *shares, r["kappa_l1_us"], r["kappa_gather_us"]])
+        assert agrees(numbers(cells[9])[1], r["kappa_l2_us"]), cells
+        staged_l1, staged_l2 = numbers(cells[11])
+        assert agrees(staged_l1, r["staged_l1_us"]) and agrees(staged_l2, r["staged_l2_us"]), cells
+
+
+def test_peer_prefill_table_is_peer_routed_prefill_json():
+    measured = rows_by("peer_routed_prefill", "M")
+    rows = table(DOC, "| M | local pairs | ours us | peer us | peer + hint us | floor us | ours / peer | ours x floor |")
+    assert [int(r[0]) for r in rows] == sorted(measured)
+    for cells in rows:
+        r = measured[int(cells[0])]
+        check_cells(f"peer prefill M = {cells[0]}", cells[1:],
+                    [r["local_pairs"], r["ours_us"], r["peer_us"], r["peer+hint_us"], r["floor_us"],
+                     r["ours_speedup_vs_peer"], r["ours_x_floor"], r["peer_x_floor"]])
+
+
 def test_router_chain_table_is_route_json():
     measured = rows_by("route", "M")
     columns = ["eager_us", "compiled_us", "compiled+fused_us", "fused_vs_compiled", "floor_us", "one_kernel_us"]

@@ -1,7 +1,9 @@
-"""The staged prefill kernels (128-row blocks, MXFP4 on sm_90: ops/routed/gluon/routed_staged.py; pytest -m gpu): against
-the float64 reference and within FP32 rounding of the 64-row register-dequant blocks (the sums group k otherwise, so
-not bit for bit), bitwise repeatable, every output written over a NaN poison, blocks with up to 64 valid rows (the
-N = 64 MMA) and more, several blocks per expert, experts without rows, under CUDA-graph capture, and opcheck."""
+"""The kernels of the 128-row prefill blocks (MXFP4 on sm_90; pytest -m gpu): the kappa kernels (routed_kappa.py, the
+default), the staged kernels (routed_staged.py) and their warp-specialised form (routed_staged_ws.py), each picked by
+the staged_kernel tuning override. Against the float64 reference and within FP32 rounding of the 64-row
+register-dequant blocks (the sums group k otherwise, so not bit for bit), bitwise repeatable, every output written
+over a NaN poison, blocks with up to 64 valid rows (the N = 64 MMA) and more, several blocks per expert, experts
+without rows, under CUDA-graph capture, and opcheck; the warp-specialised kernels bit for bit the staged ones."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ def _run(p, tuned, rows: str) -> torch.Tensor:
     return run_experts(*p.routed_args(), out=out)
 
 
+KERNELS = ("kappa", "staged")
 CASES = [(SMALL, 300, "rows"), (SMALL, 600, "random"), (SMALL, 600, "few_experts"), (SMALL, 600, "one_expert"),
          (KIMI_RANK, 220, "rows"), (KIMI_RANK, 200, "random")]
 
@@ -40,10 +43,12 @@ CASES = [(SMALL, 300, "rows"), (SMALL, 600, "random"), (SMALL, 600, "few_experts
 NEAR_64_ROWS = 2e-3
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("sizes,m,routing", CASES,
                          ids=[f"{'kimi' if s is KIMI_RANK else 'small'}-m{m}-{r}" for s, m, r in CASES])
-def test_128_row_blocks_match_float64_and_64_row_blocks(sizes, m, routing, tuned, rng_seed):
+def test_128_row_blocks_match_float64_and_64_row_blocks(sizes, m, routing, kernel, tuned, rng_seed):
     p = _problem(sizes, m, routing)
+    tuned(staged_kernel=kernel)
     y = _run(p, tuned, "128")
     assert torch.isfinite(y).all()  # every element written over the NaN poison
     ref = routed64(*p.routed_args())
@@ -54,13 +59,32 @@ def test_128_row_blocks_match_float64_and_64_row_blocks(sizes, m, routing, tuned
     assert torch.equal(y, _run(p, tuned, "128"))  # bitwise repeatable
 
 
-def test_128_row_blocks_replay_fresh_ids_in_a_cuda_graph(tuned, rng_seed):
-    tuned(prefill_regs="128")
+@pytest.mark.parametrize("kernel", KERNELS + ("ws",))
+def test_128_row_blocks_replay_fresh_ids_in_a_cuda_graph(kernel, tuned, rng_seed):
+    tuned(prefill_regs="128", staged_kernel=kernel)
     p = _problem(SMALL, 600, "random")
     assert_replays_fresh_routings(p, lambda routing: _problem(SMALL, 600, routing), lambda: _run(p, tuned, "128"))
 
 
-def test_opcheck_on_128_row_blocks(tuned, rng_seed):
-    tuned(prefill_regs="128")
+@pytest.mark.parametrize("kernel", KERNELS + ("ws",))
+def test_opcheck_on_128_row_blocks(kernel, tuned, rng_seed):
+    tuned(prefill_regs="128", staged_kernel=kernel)
     p = _problem(SMALL, 600, "random")
     torch.library.opcheck(torch.ops.lmf.routed_experts.default, p.routed_args())
+
+
+# The warp-specialised persistent kernels (routed_staged_ws.py, the staged_kernel="ws" override): the same MMA
+# sequence per tile as the staged kernels, so the same bits, over every case above and under graph replay.
+@pytest.mark.parametrize("sizes,m,routing", CASES,
+                         ids=[f"{'kimi' if s is KIMI_RANK else 'small'}-m{m}-{r}" for s, m, r in CASES])
+def test_warp_specialised_kernels_equal_the_staged_ones(sizes, m, routing, tuned, rng_seed):
+    p = _problem(sizes, m, routing)
+    tuned(staged_kernel="staged")
+    staged = _run(p, tuned, "128")
+    tuned(staged_kernel="ws")
+    y = _run(p, tuned, "128")
+    assert torch.isfinite(y).all()  # every element written over the NaN poison
+    assert rel_l2(y, routed64(*p.routed_args())) < tolerance(torch.bfloat16)
+    assert torch.equal(y, staged)
+    assert torch.equal(y, _run(p, tuned, "128"))  # bitwise repeatable
+

@@ -39,7 +39,7 @@ OFFLINE_BUDGETS: dict[tuple[int, int], dict[str, float]] = {
     # one more CTA barrier per step in every TMA / mbarrier loop; more registers, spills and loop instructions
     (3, 8): {"staged_spills": 12, "staged_barriers_per_step": 2, "regs_tma_barriers_per_step": 3,
              "regs_l2_loop_instructions": 229, "fp8_barriers_per_step": 3, "fp8_l1_8_registers": 138,
-             "w4a8_barriers_per_step": 2},
+             "w4a8_barriers_per_step": 2, "kappa_spills": 2, "kappa_barriers_per_step": 4, "ws_spills": 2},
 }
 
 

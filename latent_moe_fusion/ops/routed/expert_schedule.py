@@ -28,6 +28,7 @@ import triton
 from ..common.element_offsets import needs_int64_offsets
 from ..common.side_streams import side_stream
 from .gluon import launch_routed_l1, launch_routed_l1_fp8, launch_routed_l2, launch_routed_l2_fp8
+from .kappa_path import launch_l1_kappa, launch_l2_kappa
 from .producer_config import ProducerConfig, interpreting
 from .routed_gemv import launch_routed_gemv
 from .routed_plan import RoutedPlan, plan_call
@@ -280,22 +281,26 @@ def launch_plan(
         sorted_pairs, block_expert = grouping.sorted_pairs, grouping.block_expert
         if plan.w4a8:
             launch_l1_w4a8(z, w13, w13_scale, sorted_pairs, block_expert, act, nb_max, top_k, beta, lin_beta)
+        elif plan.staged_kernel == "kappa":
+            launch_l1_kappa(z, w13, w13_scale, sorted_pairs, block_expert, act, nb_max, top_k, beta, lin_beta)
         elif cfg.routed_fp8[0]:
             launch_routed_l1_fp8(*launch_split_e4m3(z), w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm,
                                  top_k, beta, lin_beta)
         else:
             launch_routed_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm, top_k, beta, lin_beta,
-                             cfg.regs_split[0], signal=plan.routed_pdl)
+                             cfg.regs_split[0], signal=plan.routed_pdl, staged=plan.staged_kernel)
         if plan.in_line_library:
             shared_as_library()
         if plan.w4a8:
             launch_l2_w4a8(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max)
+        elif plan.staged_kernel == "kappa":
+            launch_l2_kappa(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max)
         elif cfg.routed_fp8[1]:
             parts = launch_split_e4m3(act[: nb_max * bm], sorted_pairs)
             launch_routed_l2_fp8(*parts, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max, bm)
         else:
             launch_routed_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max, bm,
-                             dependent=plan.routed_pdl)
+                             dependent=plan.routed_pdl, staged=plan.staged_kernel)
     if gemv:
         launch_routed_gemv(z, topk_ids, w13, w13_scale, w2, w2_scale, act, pairs, beta, lin_beta, plan.gemv_config,
                            interp, shared_as_library if plan.in_line_library else None)

@@ -28,6 +28,7 @@ from ..common.pdl import use_pdl_on
 from ..common.plan_lines import Decision, plan_lines
 from .gluon import (
     STAGED_BLOCK_ROWS,
+    STAGED_KERNEL_REASONS,
     STEP_K,
     WEIGHT_RINGS,
     gluon_missing_reason,
@@ -36,6 +37,7 @@ from .gluon import (
     regs_tensor_reason,
     ring_for,
     split_reason,
+    staged_kernel,
 )
 from .gluon import weight_rings as regs_weight_rings
 from .producer_config import (
@@ -125,6 +127,7 @@ class RoutedPlan:
     in_line_library: bool = False  # the in-line cuBLAS shared GEMMs right after the routed L1 launch
     routed_pdl: bool = False  # the register-dequant chain launched as programmatic dependents
     w4a8: bool = False  # the staged blocks on FP8 activations (LMF_ROUTED_W4A8, w4a8_path.py)
+    staged_kernel: str | None = None  # which kernels run the 128-row blocks (gluon.STAGED_KERNELS)
     weight_format: str = "mxfp4"
     assumptions: tuple[str, ...] = ()
 
@@ -298,7 +301,7 @@ def _make_plan(
     elif gemv:
         family, why = "gemv", f"CUDA-core GEMV per (token, slot) pair: {num_pairs} pairs, no grouping"
     elif regs and bm == STAGED_BLOCK_ROWS:
-        family, why = "staged", "Gluon staged kernels: weights dequantised once per 128-row block into shared memory"
+        family, why = "staged", "Gluon kernels for 128-row prefill blocks (which ones: staged_kernel)"
     elif regs and any(fp8):
         family, why = "regs_fp8", f"Gluon register-dequant on FP8 MMAs (LMF_ROUTED_FP8), {bm}-row blocks"
     elif regs:
@@ -320,6 +323,10 @@ def _make_plan(
         decide("activations", "w4a8" if w4a8 else "bf16",
                "LMF_ROUTED_W4A8=1: e4m3 in 1 x 128 blocks on FP8 wgmma" if w4a8 else
                f"LMF_ROUTED_W4A8=1 not taken: {w4a8_why}")
+    staged = None
+    if family == "staged" and not w4a8:
+        staged = staged_kernel()
+        decide("staged_kernel", staged, STAGED_KERNEL_REASONS[staged])
     if gemv:
         decide("grouping", "none", "the GEMV indexes pairs directly")
     elif num_pairs:
@@ -344,7 +351,10 @@ def _make_plan(
                "regs_decode_split: a single token's few programs split K, more pairs run whole K")
         if bm == STAGED_BLOCK_ROWS:
             rings = ("staged", "staged")
-            decide("rings", "staged TMA ring (4 stages), 128 registers", "the staged kernels' own ring")
+            decide("rings", {"kappa": "16-byte weight loads one step ahead, activations by TMA (3 buffers)",
+                             "ws": "TMA rings of 4 stages between loader, dequantiser and MMA warps"}.get(
+                                 staged, "staged TMA ring (4 stages)") + ", 128 registers" * (staged != "ws"),
+                   f"the {staged or 'staged'} kernels' own ring")
         elif all(fp8):
             rings = ("tma", "tma")
             decide("rings", "L1=tma L2=tma", "the FP8 kernels run their own TMA ring")
@@ -406,6 +416,7 @@ def _make_plan(
         choice_max_rows=PREFILL_CHOICE_MAX_ROWS, act_rows=act_rows, triton_blocks=0 if regs or gemv else nb_max, triton_splits=(split1, split2),
         pair_slices=pair_slices, grid_block_m=max(bm, 16) if any(cfg.routed_fp8) else bm,
         library_first=library_first, in_line_library=in_line_library, routed_pdl=routed_pdl, w4a8=w4a8,
+        staged_kernel=staged,
         weight_format=call.weight_format,
         assumptions=assumptions,
     )

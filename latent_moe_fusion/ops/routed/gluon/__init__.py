@@ -276,12 +276,83 @@ def _staged_descriptor(words: torch.Tensor, gated: bool):
     return step_descriptor(words, gated, 16 * STAGED_WARPS, STAGED_STEP_K)
 
 
-def _launch_staged_l1(
+STAGED_KERNELS = ("kappa", "staged", "ws")
+STAGED_KERNEL_OVERRIDE = "staged_kernel"  # tuning override
+tuning.register(STAGED_KERNEL_OVERRIDE, tuning.choice(STAGED_KERNELS, "the kernels of the 128-row prefill blocks"))
+DEFAULT_STAGED_KERNEL = "kappa"
+# What the plan prints for each (routed_plan: the staged_kernel decision); docs/design/prefill.md has the numbers.
+STAGED_KERNEL_REASONS = {
+    "kappa": "weights dequantised into the wgmma's register operand, activations in kappa order by TMA "
+             "(1.11-1.17x the staged kernels on the H200 at M = 4096 .. 32768)",
+    "staged": "staged_kernel override: weights dequantised into shared memory, both wgmma operands from there",
+    "ws": "staged_kernel override: warp-specialised persistent form of the staged kernels (0.70-0.79x them)",
+}
+
+
+def staged_kernel() -> str:
+    """Which kernels run the 128-row blocks: "kappa" (routed_kappa.py, the default), "staged" (routed_staged.py)
+    or "ws" (routed_staged_ws.py); the staged_kernel tuning override picks."""
+    return tuning.current().staged_kernel or DEFAULT_STAGED_KERNEL
+
+
+# The warp-specialised kernels' ring stages, dequantiser warps and their registers (L1, L2).
+WS_STAGES = (4, 4)
+WS_DEQUANT_WARPS = (4, 4)
+WS_DEQUANT_REGS = (152, 152)
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _launch_ws_l1(
     z: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, sorted_pairs: torch.Tensor,
     block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, top_k: int, beta: float, lin_beta: float,
 ) -> None:
+    from .routed_staged_ws import l1_ws_kernel
+
+    latent, inter = z.shape[1], w13.shape[1] // 2
+    num_tiles = num_blocks * (inter // (8 * STAGED_WARPS))
+    l1_ws_kernel[(min(num_tiles, _sm_count(z.device)),)](
+        z, w13_scale, sorted_pairs, block_expert, act, inter, latent, latent // MXFP4_BLOCK, top_k,
+        w13_scale.stride(0), float(beta), float(lin_beta), num_tiles,
+        _staged_descriptor(w13.view(torch.int32), gated=True), STAGES=WS_STAGES[0], DEQUANT_WARPS=WS_DEQUANT_WARPS[0],
+        DEQUANT_REGS=WS_DEQUANT_REGS[0], num_warps=STAGED_WARPS,
+    )
+
+
+def _launch_ws_l2(
+    act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, sorted_pairs: torch.Tensor,
+    block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int,
+) -> None:
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .routed_staged_ws import l2_ws_kernel
+
+    latent, inter = w2.shape[1], act.shape[1]
+    num_tiles = num_blocks * (latent // (16 * STAGED_WARPS))
+    rows = act[: num_blocks * STAGED_BLOCK_ROWS]
+    a_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    a_desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [STAGED_BLOCK_ROWS, STAGED_STEP_K],
+                              a_layout)
+    l2_ws_kernel[(min(num_tiles, _sm_count(act.device)),)](
+        w2_scale, sorted_pairs, block_expert, pairs, latent, inter, inter // MXFP4_BLOCK, w2_scale.stride(0),
+        num_tiles, _staged_descriptor(w2.view(torch.int32), gated=False), a_desc, STAGES=WS_STAGES[1],
+        DEQUANT_WARPS=WS_DEQUANT_WARPS[1], DEQUANT_REGS=WS_DEQUANT_REGS[1], num_warps=STAGED_WARPS,
+    )
+
+
+def _launch_staged_l1(
+    z: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, sorted_pairs: torch.Tensor,
+    block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, top_k: int, beta: float, lin_beta: float,
+    kernel: str,
+) -> None:
     from .routed_staged import l1_staged_kernel
 
+    if kernel == "ws":
+        _launch_ws_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, num_blocks, top_k, beta, lin_beta)
+        return
     latent, inter = z.shape[1], w13.shape[1] // 2
     grid = (num_blocks * (inter // (8 * STAGED_WARPS)),)
     l1_staged_kernel[grid](
@@ -293,10 +364,13 @@ def _launch_staged_l1(
 
 def _launch_staged_l2(
     act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, sorted_pairs: torch.Tensor,
-    block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int,
+    block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int, kernel: str,
 ) -> None:
     from .routed_staged import l2_staged_kernel
 
+    if kernel == "ws":
+        _launch_ws_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, num_blocks)
+        return
     latent, inter = w2.shape[1], act.shape[1]
     grid = (num_blocks * (latent // (16 * STAGED_WARPS)),)
     l2_staged_kernel[grid](
@@ -309,7 +383,7 @@ def _launch_staged_l2(
 def launch_routed_l1(
     z: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, sorted_pairs: torch.Tensor,
     block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, block_m: int, top_k: int, beta: float,
-    lin_beta: float, split: int = 1, signal: bool = False, ring: str | None = None,
+    lin_beta: float, split: int = 1, signal: bool = False, ring: str | None = None, staged: str | None = None,
 ) -> None:
     """act[block rows, :I] = bf16(SiTU(gate, up)) for every routed block (rows of unused blocks untouched).
     split > 1: K in that many slices of FP32 partial sums, then the ordered-sum + SiTU finish.
@@ -324,7 +398,8 @@ def launch_routed_l1(
         if split != 1 or signal:
             raise ValueError(f"{STAGED_BLOCK_ROWS}-row blocks run whole K without programmatic dependents "
                              f"(split = {split}, signal = {signal}): K slices and PDL are for decode blocks")
-        _launch_staged_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, num_blocks, top_k, beta, lin_beta)
+        _launch_staged_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, num_blocks, top_k, beta, lin_beta,
+                          staged or staged_kernel())
         return
 
     latent = z.shape[1]
@@ -351,7 +426,7 @@ def launch_routed_l1(
 def launch_routed_l2(
     act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, sorted_pairs: torch.Tensor,
     block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int, block_m: int, dependent: bool = False,
-    ring: str | None = None,
+    ring: str | None = None, staged: str | None = None,
 ) -> None:
     """pairs[pair, :] = act[row] @ W2[e]^T in FP32 for every valid (token, slot) row; pairs [SPLIT, P, L]
     holds one K slice's sums per leading index (the combine adds them in order).
@@ -364,7 +439,7 @@ def launch_routed_l2(
         if dependent or pairs.dim() == 3:
             raise ValueError(f"{STAGED_BLOCK_ROWS}-row blocks run whole K as an ordinary launch (dependent = "
                              f"{dependent}, pairs {tuple(pairs.shape)}): K slices and PDL are for decode blocks")
-        _launch_staged_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, num_blocks)
+        _launch_staged_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, num_blocks, staged or staged_kernel())
         return
 
     latent = w2.shape[1]

@@ -1,0 +1,61 @@
+"""The launches of the kappa kernels, the default on the 128-row prefill blocks (routed plan: staged_kernel "kappa").
+
+L1's activations are first gathered into block rows with each 128-wide column chunk in kappa order
+(triton/kappa_columns.py), then L1 (gluon/routed_kappa.py) reads them by TMA and writes act in the same column order,
+which L2 reads by TMA as it is. act is the op's own buffer: nothing else reads it in that order, so L1 and L2 must both
+run here (expert_schedule.launch_plan takes both from the plan's one staged_kernel).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..common.mxfp4 import BLOCK as MXFP4_BLOCK
+from .gluon import STAGED_BLOCK_ROWS, STAGED_MAX_REGISTERS, STAGED_WARPS
+
+KAPPA_STEP_K = 128  # the TMA box's columns: one kappa chunk a step
+
+
+def _rows_descriptor(rows: torch.Tensor):
+    """TMA descriptor of [128, 128] boxes of activation rows in kappa order (the kernels' B operand)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    return TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [STAGED_BLOCK_ROWS, KAPPA_STEP_K], layout)
+
+
+def launch_l1_kappa(
+    z: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, sorted_pairs: torch.Tensor,
+    block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, top_k: int, beta: float, lin_beta: float,
+) -> None:
+    """act[block rows, kappa columns] = bf16(SiTU(gate, up)) of every used 128-row block."""
+    from .gluon.routed_kappa import l1_kappa_kernel
+    from .triton.kappa_columns import gather_kappa_rows
+
+    latent, inter = z.shape[1], w13.shape[1] // 2
+    words = w13.view(torch.int32)
+    z_rows = gather_kappa_rows(z.contiguous(), sorted_pairs, block_expert[:num_blocks], STAGED_BLOCK_ROWS, top_k)
+    grid = (num_blocks * (inter // (8 * STAGED_WARPS)),)
+    l1_kappa_kernel[grid](
+        words, w13_scale, sorted_pairs, block_expert, act, inter, latent, latent // 8, latent // MXFP4_BLOCK,
+        words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta), _rows_descriptor(z_rows),
+        BM=STAGED_BLOCK_ROWS, num_warps=STAGED_WARPS, maxnreg=STAGED_MAX_REGISTERS,
+    )
+
+
+def launch_l2_kappa(
+    act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, sorted_pairs: torch.Tensor,
+    block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int,
+) -> None:
+    """pairs[pair, :] = act[row] @ W2[e]^T in FP32 for every valid row, act in kappa column order (launch_l1_kappa)."""
+    from .gluon.routed_kappa import l2_kappa_kernel
+
+    latent, inter = w2.shape[1], act.shape[1]
+    words = w2.view(torch.int32)
+    grid = (num_blocks * (latent // (16 * STAGED_WARPS)),)
+    l2_kappa_kernel[grid](
+        words, w2_scale, sorted_pairs, block_expert, pairs, latent, inter, inter // 8, inter // MXFP4_BLOCK,
+        words.stride(0), w2_scale.stride(0), _rows_descriptor(act[: num_blocks * STAGED_BLOCK_ROWS]),
+        BM=STAGED_BLOCK_ROWS, num_warps=STAGED_WARPS, maxnreg=STAGED_MAX_REGISTERS,
+    )
