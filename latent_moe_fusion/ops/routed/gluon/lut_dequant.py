@@ -173,6 +173,14 @@ def to_kappa(x, R: gl.constexpr, BK: gl.constexpr):
 
 
 @gluon.jit
+def kappa_position(k):
+    """Where column k (of a row in k order) sits in kappa order: within its 128-wide chunk,
+    32q + 8w + 4e + 2h + c0 -> 32w + 16c0 + 8h + 2q + e."""
+    r = k % 128
+    return k - r + 32 * ((r // 8) % 4) + 16 * (r % 2) + 8 * ((r // 2) % 2) + 2 * (r // 32) + (r // 4) % 2
+
+
+@gluon.jit
 def dequant_kappa(words, scales, BN: gl.constexpr, BK: gl.constexpr):
     """int32 words [BN, BK/8] (thread q: words 4q .. 4q + 3), int32 scale bytes per word ->
     [BN, BK] bf16 in kappa order, times 2^-WINDOW (the caller scales its FP32 sums back)."""

@@ -32,9 +32,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from ...common.triton_compat import cta_barrier
-from ...common.triton_numerics import situ
 from .lut_dequant import WINDOW_SCALE, dequant_mma, words_layout
 from .routed_gemm import _program_tile, _valid_rows, store_pair_rows
+from .routed_staged import store_situ_rows
 
 _UNWINDOW = gl.constexpr(WINDOW_SCALE)
 BK: gl.constexpr = gl.constexpr(128)  # k per step: kappa's span
@@ -56,18 +56,6 @@ def to_kappa_columns(x: torch.Tensor) -> torch.Tensor:
     rows, n = x.shape
     # (row, chunk, q, w, e, h, c0) -> (row, chunk, w, c0, h, q, e)
     return x.reshape(rows, n // KAPPA_CHUNK, 4, 4, 2, 2, 2).permute(0, 1, 3, 6, 5, 2, 4).reshape(rows, n)
-
-
-@gluon.jit
-def _kappa_position(n):
-    """Column n's position in kappa order (lut_dequant: k = 32q + 8w + 4e + 2h + c0 -> 32w + 16c0 + 8h + 2q + e)."""
-    r = n % 128
-    q = r // 32
-    w = (r // 8) % 4
-    e = (r // 4) % 2
-    h = (r // 2) % 2
-    c0 = r % 2
-    return n - r + 32 * w + 16 * c0 + 8 * h + 2 * q + e
 
 
 @gluon.jit
@@ -128,18 +116,7 @@ def _l1_rows(a_desc, w_ptrs, s_ptrs, act_ptr, row0, n0, inter, K, beta, lin_beta
              NW: gl.constexpr):
     BN: gl.constexpr = 16 * NW
     acc = _kappa_mainloop(w_ptrs, s_ptrs, a_desc, row0, K, BN, ROWS, NW)
-    HALF: gl.constexpr = BN // 2
-    # gate rows first, up rows after: a layout in which a thread holds row c and row c + HALF pairs them
-    pair_l: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 32, 1], [1, 1, NW], [1, 0, 2])
-    both = gl.convert_layout(gl.reshape(acc, [2, HALF, ROWS]), pair_l)
-    g, u = gl.split(gl.permute(both, [1, 2, 0]))
-    out_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, NW], [0, 1])
-    g = gl.convert_layout(g, out_l, assert_trivial=True)
-    u = gl.convert_layout(u, out_l, assert_trivial=True)
-    h = situ(g, u, beta, lin_beta)
-    on = _kappa_position(n0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, out_l)))  # L2 reads act in kappa order
-    om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, out_l))
-    gl.store(act_ptr + om[None, :].to(gl.int64) * inter + on[:, None], h.to(act_ptr.dtype.element_ty))
+    store_situ_rows(acc, act_ptr, row0, n0, inter, beta, lin_beta, ROWS, NW, KAPPA=True)
 
 
 @gluon.jit

@@ -42,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ...common.gdc import wait_own_copies_0, wait_own_copies_1
 from ...common.triton_compat import cta_barrier
 from ...common.triton_numerics import situ
-from .lut_dequant import WINDOW_SCALE, codes_to_bf16, scale_factors
+from .lut_dequant import WINDOW_SCALE, codes_to_bf16, kappa_position, scale_factors
 from .ring_loops import _ring_coord
 from .routed_gemm import _program_tile, _valid_rows, store_pair_rows
 
@@ -167,9 +167,18 @@ def _l1_rows(z_ptr, s_ptrs, w_desc, w_row, sorted_ptr, act_ptr, row0, n0, inter,
     a_mask = (pair >= 0)[:, None]
     BN: gl.constexpr = 16 * NW
     acc = _staged_mainloop(w_desc, w_row, s_ptrs, a_rows, a_mask, K, True, BN, ROWS, NW)
-    HALF: gl.constexpr = BN // 2
-    # gate rows first, up rows after: a layout in which a thread holds row c and row c + HALF pairs them in its
-    # registers (convert_layout goes through shared memory once per program).
+    store_situ_rows(acc, act_ptr, row0, n0, inter, beta, lin_beta, ROWS, NW)
+
+
+@gluon.jit
+def store_situ_rows(acc, act_ptr, row0, n0, inter, beta, lin_beta, ROWS: gl.constexpr, NW: gl.constexpr,
+                    KAPPA: gl.constexpr = False):
+    """L1's epilogue for 128 weight rows: acc [16 NW, ROWS] holds the gate rows of columns n0 .. n0 + 8 NW, then the
+    same columns' up rows; act[row0 .. row0 + ROWS, those columns] = bf16(SiTU(gate, up)), each column at its kappa
+    position if KAPPA (the kappa kernels' act, which their L2 reads as it is)."""
+    HALF: gl.constexpr = 8 * NW
+    # a layout in which a thread holds row c and row c + HALF pairs them in its registers (convert_layout goes
+    # through shared memory once per program)
     pair_l: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 32, 1], [1, 1, NW], [1, 0, 2])
     both = gl.convert_layout(gl.reshape(acc, [2, HALF, ROWS]), pair_l)
     g, u = gl.split(gl.permute(both, [1, 2, 0]))
@@ -178,6 +187,8 @@ def _l1_rows(z_ptr, s_ptrs, w_desc, w_row, sorted_ptr, act_ptr, row0, n0, inter,
     u = gl.convert_layout(u, out_l, assert_trivial=True)
     h = situ(g, u, beta, lin_beta)
     on = n0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, out_l))
+    if KAPPA:
+        on = kappa_position(on)
     om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, out_l))
     gl.store(act_ptr + om[None, :].to(gl.int64) * inter + on[:, None], h.to(act_ptr.dtype.element_ty))
 

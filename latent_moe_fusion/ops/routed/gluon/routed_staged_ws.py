@@ -32,10 +32,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ...common.triton_compat import cta_barrier
-from ...common.triton_numerics import situ
 from .lut_dequant import WINDOW_SCALE
 from .routed_gemm import _valid_rows, store_pair_rows
-from .routed_staged import _act_layout, _dequant_tile, _scale_ptrs, _words_layout
+from .routed_staged import _act_layout, _dequant_tile, _scale_ptrs, _words_layout, store_situ_rows
 
 _UNWINDOW = gl.constexpr(WINDOW_SCALE)
 BN: gl.constexpr = gl.constexpr(128)  # weight rows per tile (L1: 64 gate + 64 up)
@@ -208,23 +207,6 @@ def _l2_mma(wts, acts, tile_ready, tile_empty, act_ready, act_empty, block_exper
 
 
 @gluon.jit
-def _l1_store(acc, act_ptr, row0, n0, inter, beta, lin_beta, ROWS: gl.constexpr):
-    """acc [BN, ROWS]: gate rows then up rows of columns n0 .. n0 + BN / 2 -> act rows (bf16 SiTU)."""
-    NW: gl.constexpr = MMA_WARPS
-    HALF: gl.constexpr = BN // 2
-    pair_l: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 32, 1], [1, 1, NW], [1, 0, 2])
-    both = gl.convert_layout(gl.reshape(acc, [2, HALF, ROWS]), pair_l)
-    g, u = gl.split(gl.permute(both, [1, 2, 0]))
-    out_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, NW], [0, 1])
-    g = gl.convert_layout(g, out_l, assert_trivial=True)
-    u = gl.convert_layout(u, out_l, assert_trivial=True)
-    h = situ(g, u, beta, lin_beta)
-    on = n0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, out_l))
-    om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, out_l))
-    gl.store(act_ptr + om[None, :].to(gl.int64) * inter + on[:, None], h.to(act_ptr.dtype.element_ty))
-
-
-@gluon.jit
 def _l1_mma(wts, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr, sorted_ptr, act_ptr, inter, K,
             beta, lin_beta, num_tiles, S: gl.constexpr):
     tiles_n = inter // (BN // 2)
@@ -235,10 +217,10 @@ def _l1_mma(wts, acts, tile_ready, tile_empty, act_ready, act_empty, block_exper
         if expert >= 0:
             if _valid_rows(sorted_ptr, blk * BM, BM, MMA_WARPS) <= BM // 2:
                 half, g = _mma_steps(wts, acts, tile_ready, tile_empty, act_ready, act_empty, g, n_steps, BM // 2, S)
-                _l1_store(half, act_ptr, blk * BM, col * (BN // 2), inter, beta, lin_beta, BM // 2)
+                store_situ_rows(half, act_ptr, blk * BM, col * (BN // 2), inter, beta, lin_beta, BM // 2, MMA_WARPS)
             else:
                 full, g = _mma_steps(wts, acts, tile_ready, tile_empty, act_ready, act_empty, g, n_steps, BM, S)
-                _l1_store(full, act_ptr, blk * BM, col * (BN // 2), inter, beta, lin_beta, BM)
+                store_situ_rows(full, act_ptr, blk * BM, col * (BN // 2), inter, beta, lin_beta, BM, MMA_WARPS)
 
 
 @gluon.jit(do_not_specialize=["top_k"])
