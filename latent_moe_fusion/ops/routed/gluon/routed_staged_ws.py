@@ -50,7 +50,7 @@ def _tile(t, tiles_n, block_expert_ptr):
 
 
 @gluon.jit
-def _words_rows(expert, col, n_total, GATED: gl.constexpr, NW: gl.constexpr):
+def _words_rows(col, n_total, GATED: gl.constexpr, NW: gl.constexpr):
     """The weight rows of the tile's words, in the words layout's row order (L1: gate rows, then up rows)."""
     rn = gl.arange(0, BN, layout=gl.SliceLayout(1, _words_layout(BN, NW)))
     if GATED:
@@ -64,6 +64,7 @@ def _words_rows(expert, col, n_total, GATED: gl.constexpr, NW: gl.constexpr):
 @gluon.jit
 def _load_words(w_desc, ws, words_ready, words_empty, g, expert, col, n_total, k, GATED: gl.constexpr,
                 S: gl.constexpr):
+    """Global step g's weight words into ring stage g % S by TMA, once the dequantiser has given the stage back."""
     st = g % S
     mbarrier.wait(words_empty.index(st), ((g // S) & 1) ^ 1)
     mbarrier.expect(words_ready.index(st), w_desc.block_type.nbytes)
@@ -127,7 +128,7 @@ def _dequantiser(ws, wts, words_ready, words_empty, tile_ready, tile_empty, s_pt
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         blk, col, expert = _tile(t, tiles_n, block_expert_ptr)
         if expert >= 0:
-            s_ptrs = _scale_ptrs(s_ptr, expert, _words_rows(expert, col, n_total, GATED, NW), row_scales, stride_se,
+            s_ptrs = _scale_ptrs(s_ptr, expert, _words_rows(col, n_total, GATED, NW), row_scales, stride_se,
                                  BN, NW)
             sc = gl.load(s_ptrs)
             for i in range(n_steps):
