@@ -63,13 +63,14 @@ def test_last_offset_follows_strides():
 
 @pytest.mark.parametrize("m", PREFILL)
 def test_which_block_tensors_pass_int32(m):
-    """Exactly the routed FP32 pair rows and activation rows pass int32 offsets, from M = 65536 on (not at 32768)."""
+    """Exactly the routed FP32 pair rows, the activation rows and the kappa kernels' gathered z rows pass int32
+    offsets, from M = 65536 on (not at 32768; the gathered rows first, from M ~ 36560 counting every pair local)."""
     pairs = m * TOP_K
-    rows = max_blocks(pairs, EXPERTS, 128) * 128  # the staged kernels' 128-row blocks at prefill
+    rows = max_blocks(pairs, EXPERTS, 128) * 128  # the 128-row blocks at prefill
     tensors = {"pair rows": _meta(pairs, L, dtype=torch.float32), "act": _meta(rows, INTER), "x_s": _meta(m, H),
-               "z": _meta(m, L), "ws": _meta(1, m, H), "out": _meta(m, H)}
+               "z": _meta(m, L), "z rows": _meta(rows, L), "ws": _meta(1, m, H), "out": _meta(m, H)}
     past = sorted(name for name, t in tensors.items() if needs_int64_offsets(t))
-    assert past == ([] if m <= 32768 else ["act", "pair rows"]), (m, past)
+    assert past == ([] if m <= 32768 else ["act", "pair rows", "z rows"]), (m, past)
     assert not needs_int64_offsets(*tensors.values()) or m == 65536
 
 

@@ -1,14 +1,14 @@
 """The kappa kernels' column order (ops/routed/gluon/routed_kappa.py) on CPU: to_kappa_columns is the permutation
 lut_dequant.to_kappa applies to the register kernels' activation tiles and kappa_positions its map, and the Triton
-gather (triton/kappa_columns.py, under the interpreter here) gives each block row its token's row in that order."""
+gather (triton/kappa_columns.py, under the interpreter here) gives each block row its token's row in that order and
+refuses what it cannot take, saying which condition failed."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from latent_moe_fusion.ops.routed.gluon.routed_kappa import kappa_positions, to_kappa_columns
-from latent_moe_fusion.ops.routed.triton.kappa_columns import gather_kappa_rows
+from latent_moe_fusion.ops.routed.triton.kappa_columns import gather_kappa_rows, kappa_positions, to_kappa_columns
 
 
 def _kappa_of(k: torch.Tensor) -> torch.Tensor:
@@ -41,16 +41,19 @@ def test_gather_kappa_rows_takes_each_rows_token(block_expert, rng_seed):
     src = (sorted_pairs[:rows].clamp(min=0) // top_k).long()  # padding rows read token 0
     used = (blocks >= 0).repeat_interleave(block_rows)
     assert out.shape == (rows, 256)
-    assert torch.equal(out[used], to_kappa_columns(z[src])[used])  # unused blocks' rows are left as they were
+    assert torch.equal(out[used], to_kappa_columns(z[src])[used])  # the unused blocks' rows are not asked about
 
 
 def test_gather_kappa_rows_rejects_what_it_cannot_take():
     one = torch.zeros(1, dtype=torch.int32)
-    with pytest.raises(ValueError, match="multiple of 128"):
-        gather_kappa_rows(torch.randn(4, 200), torch.zeros(16, dtype=torch.int32), one, 16, 1)
-    with pytest.raises(ValueError, match="contiguous"):
-        gather_kappa_rows(torch.randn(256, 4).t(), torch.zeros(16, dtype=torch.int32), one, 16, 1)
-    with pytest.raises(ValueError, match="sorted pairs"):
+    pairs16 = torch.zeros(16, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"n a multiple of 128, got shape \(4, 200\)"):
+        gather_kappa_rows(torch.randn(4, 200), pairs16, one, 16, 1)
+    with pytest.raises(ValueError, match=r"n a multiple of 128, got shape \(512,\)"):
+        gather_kappa_rows(torch.randn(512), pairs16, one, 16, 1)
+    with pytest.raises(ValueError, match=r"x must be contiguous \(pass x.contiguous\(\)\)"):
+        gather_kappa_rows(torch.randn(256, 4).t(), pairs16, one, 16, 1)
+    with pytest.raises(ValueError, match="need 16 sorted pairs, got 8"):
         gather_kappa_rows(torch.randn(4, 128), torch.zeros(8, dtype=torch.int32), one, 16, 1)
-    with pytest.raises(ValueError, match="multiple of 16"):
+    with pytest.raises(ValueError, match="block_rows must be a multiple of 16, got 24"):
         gather_kappa_rows(torch.randn(4, 128), torch.zeros(24, dtype=torch.int32), one, 24, 1)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from latent_moe_fusion.ops.common.triton_compat import offline_budget
-from latent_moe_fusion.ops.routed.gluon import STAGED_MAX_REGISTERS, STAGED_WARPS
+from latent_moe_fusion.ops.routed.gluon import STAGED_MAX_REGISTERS
 from tests.compiled_python import run_compiled
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +35,6 @@ def test_kappa_kernels_fit_two_ctas_per_sm_and_keep_weights_out_of_shared_memory
     for name in ("l1_kappa_kernel", "l2_kappa_kernel"):
         r = rows[name]
         assert r["spills"] <= offline_budget("kappa_spills", 0) and r["registers"] <= STAGED_MAX_REGISTERS, r
-        assert 2 * r["registers"] * 32 * STAGED_WARPS <= 65536, r  # two CTAs' registers
         assert 2 * (r["shared_bytes"] + CTA_RESERVED_BYTES) <= SM_SHARED_BYTES, r  # two CTAs' shared memory
         assert r["HGMMA"] == 8 and r["STS"] == 0, f"{name}: wgmma / shared stores per step: {r}"
         assert r["LDG_128"] == 2 and r["LDG"] == 4 and r["UTMALDG"] == 1, f"{name}: loads per step: {r}"

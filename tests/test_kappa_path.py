@@ -11,8 +11,8 @@ import torch
 from latent_moe_fusion.ops.common.mxfp4 import quantize_mxfp4
 from latent_moe_fusion.ops.routed import kappa_path
 from latent_moe_fusion.ops.routed.gluon import STAGED_BLOCK_ROWS, routed_kappa
-from latent_moe_fusion.ops.routed.gluon.routed_kappa import to_kappa_columns
 from latent_moe_fusion.ops.routed.routed_plan import plan_routed
+from latent_moe_fusion.ops.routed.triton.kappa_columns import to_kappa_columns
 
 
 def _decision(plan, name: str):
@@ -42,6 +42,7 @@ class Recorder:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
+            assert len(args) <= len(self.names), f"{len(args)} positional arguments for {len(self.names)} parameters"
             bound = dict(zip(self.names, args, strict=False)) | kwargs
             self.calls.append((grid, bound))
         return launch
@@ -74,13 +75,35 @@ def test_the_launches_give_every_kernel_parameter_its_value(monkeypatch, rng_see
     rows = a1["a_desc"].base
     tokens = (sorted_pairs[:STAGED_BLOCK_ROWS].clamp(min=0) // top_k).long()
     assert torch.equal(rows[:STAGED_BLOCK_ROWS], to_kappa_columns(z[tokens]))
-    assert a1["a_desc"].block_shape == [STAGED_BLOCK_ROWS, 128] and a2["a_desc"].base.shape == act.shape
+    assert a1["a_desc"].block_shape == [STAGED_BLOCK_ROWS, 128] == a2["a_desc"].block_shape
+    assert a2["a_desc"].base.data_ptr() == act.data_ptr() and a2["a_desc"].base.shape == act.shape  # L1's act as is
 
 
-@pytest.mark.parametrize("bad", ["not contiguous", "columns"])
-def test_a_gather_it_cannot_take_says_why(bad, monkeypatch):
-    from latent_moe_fusion.ops.routed.triton.kappa_columns import gather_kappa_rows
+def test_the_launches_refuse_buffers_too_small_for_their_blocks(rng_seed):
+    w2, s2 = quantize_mxfp4(torch.randn(2, 256, 128))
+    pairs = torch.empty(8, 256)
+    sorted_pairs = torch.zeros(2 * STAGED_BLOCK_ROWS, dtype=torch.int32)
+    block_expert = torch.zeros(2, dtype=torch.int32)
+    short = torch.empty(STAGED_BLOCK_ROWS, 128, dtype=torch.bfloat16)  # one block's rows for two blocks
+    with pytest.raises(ValueError, match=r"kappa L2: act must be a contiguous \[>= 256, 128\] buffer"):
+        kappa_path.launch_l2_kappa(short, w2, s2, sorted_pairs, block_expert, pairs, 2)
+    act = torch.empty(2 * STAGED_BLOCK_ROWS, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="need 256 sorted pairs and 2 block experts, got 256 and 1"):
+        kappa_path.launch_l2_kappa(act, w2, s2, sorted_pairs, block_expert[:1], pairs, 2)
 
-    z = torch.randn(256, 4).t() if bad == "not contiguous" else torch.randn(4, 192)
-    with pytest.raises(ValueError, match="contiguous" if bad == "not contiguous" else "multiple of 128"):
-        gather_kappa_rows(z, torch.zeros(16, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), 16, 1)
+
+def test_the_staged_launchers_refuse_the_kappa_kernels(rng_seed):
+    """launch_routed_l1 / _l2 run the staged kernels or their warp-specialised form; asked (by the default override)
+    for the kappa kernels, whose L1 and L2 must run as a pair, they say where those launch instead of running others."""
+    from latent_moe_fusion.ops.routed.gluon import launch_routed_l1, launch_routed_l2
+
+    w13, s13 = quantize_mxfp4(torch.randn(1, 256, 256))
+    w2, s2 = quantize_mxfp4(torch.randn(1, 256, 128))
+    ids = torch.zeros(STAGED_BLOCK_ROWS, dtype=torch.int32)
+    experts = torch.zeros(1, dtype=torch.int32)
+    act = torch.empty(STAGED_BLOCK_ROWS, 128, dtype=torch.bfloat16)
+    z = torch.randn(3, 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="the kappa kernels launch as a pair from kappa_path"):
+        launch_routed_l1(z, w13, s13, ids, experts, act, 1, STAGED_BLOCK_ROWS, 16, 4.0, 25.0)
+    with pytest.raises(ValueError, match="the kappa kernels launch as a pair from kappa_path"):
+        launch_routed_l2(act, w2, s2, ids, experts, torch.empty(48, 256), 1, STAGED_BLOCK_ROWS, staged="kappa")

@@ -4,8 +4,8 @@
 M = 32768: the fused block is rewritten by the pass (its tail was refused for a split-K workspace the launcher never
 allocates there), the tail and the routed op agree with float64. Past int32 (ops/common/element_offsets.py): the
 tail with sequence-parallel fragments [M, 8, H] of 2.2e9 elements, the routed op at M = 65536 (FP32 pair rows
-[1048576, 3584], activation rows past 3.2e9 elements) on the staged kernels and on the Triton tiles under
-LARGE_OFFSETS. The routed problems hold ROUTED_EXPERTS = 16 experts, every token on all of them: the same pairs and
+[1048576, 3584], activation rows and the kappa kernels' gathered z rows past int32) on the kappa kernels (the
+default), on the staged kernels and on the Triton tiles under LARGE_OFFSETS. The routed problems hold ROUTED_EXPERTS = 16 experts, every token on all of them: the same pairs and
 rows as the rank's 112 experts with every pair local, at a seventh of the weights (quantising 112 experts' weights
 at once took 74 GiB). Inputs are fresh random ones, outputs poisoned with NaN first."""
 
@@ -88,7 +88,7 @@ def _routed(p, tuned, rows) -> torch.Tensor:
 
 def test_routed_op_at_32768(tuned, rng_seed):
     p = _all_local_problem(32768)
-    y = _routed(p, tuned, None)  # the default: the staged kernels
+    y = _routed(p, tuned, None)  # the default: the kappa kernels
     assert torch.isfinite(y).all()
     assert rel_l2(y, routed64(*p.routed_args())) < tolerance(torch.bfloat16)
 
@@ -99,10 +99,12 @@ def test_routed_op_at_65536_past_int32(tuned, monkeypatch, rng_seed):
     seen: list[bool] = []
     for kernel in ("l1_kernel", "l2_kernel"):
         monkeypatch.setattr(expert_schedule, kernel, LaunchSpy(getattr(expert_schedule, kernel), "LARGE_OFFSETS", seen))
-    for rows in (None, 0):  # the staged kernels (int64 rows always), the Triton tiles (LARGE_OFFSETS)
+    # the kappa and the staged kernels (int64 rows always), the Triton tiles (LARGE_OFFSETS)
+    for rows, kernel in ((None, "kappa"), (None, "staged"), (0, None)):
+        tuned(staged_kernel=kernel)
         y = _routed(p, tuned, rows)
-        assert torch.isfinite(y).all(), rows
-        assert rel_l2(y, ref) < tolerance(torch.bfloat16), rows
+        assert torch.isfinite(y).all(), (rows, kernel)
+        assert rel_l2(y, ref) < tolerance(torch.bfloat16), (rows, kernel)
     assert seen == [True, True]  # the Triton tiles' L1 and L2, activation rows past int32
 
 

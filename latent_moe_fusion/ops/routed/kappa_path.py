@@ -12,8 +12,19 @@ import torch
 
 from ..common.mxfp4 import BLOCK as MXFP4_BLOCK
 from .gluon import STAGED_BLOCK_ROWS, STAGED_MAX_REGISTERS, STAGED_WARPS
+from .triton.kappa_columns import KAPPA_CHUNK  # the TMA box's columns: one kappa chunk a k step
 
-KAPPA_STEP_K = 128  # the TMA box's columns: one kappa chunk a step
+
+def _check_blocks(what: str, act: torch.Tensor, act_cols: int, sorted_pairs: torch.Tensor,
+                  block_expert: torch.Tensor, num_blocks: int) -> None:
+    """The sizes the kernels address without bounds: a short tensor would be read as zeros by TMA or written past."""
+    rows = num_blocks * STAGED_BLOCK_ROWS
+    if not act.is_contiguous() or act.dim() != 2 or act.shape[0] < rows or act.shape[1] != act_cols:
+        raise ValueError(f"{what}: act must be a contiguous [>= {rows}, {act_cols}] buffer for {num_blocks} blocks "
+                         f"of {STAGED_BLOCK_ROWS} rows, got {tuple(act.shape)} (contiguous={act.is_contiguous()})")
+    if sorted_pairs.numel() < rows or block_expert.numel() < num_blocks:
+        raise ValueError(f"{what}: {num_blocks} blocks need {rows} sorted pairs and {num_blocks} block experts, got "
+                         f"{sorted_pairs.numel()} and {block_expert.numel()} (the grouping's outputs for these blocks)")
 
 
 def _rows_descriptor(rows: torch.Tensor):
@@ -22,7 +33,7 @@ def _rows_descriptor(rows: torch.Tensor):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    return TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [STAGED_BLOCK_ROWS, KAPPA_STEP_K], layout)
+    return TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [STAGED_BLOCK_ROWS, KAPPA_CHUNK], layout)
 
 
 def launch_l1_kappa(
@@ -34,6 +45,7 @@ def launch_l1_kappa(
     from .triton.kappa_columns import gather_kappa_rows
 
     latent, inter = z.shape[1], w13.shape[1] // 2
+    _check_blocks("kappa L1", act, inter, sorted_pairs, block_expert, num_blocks)
     words = w13.view(torch.int32)
     z_rows = gather_kappa_rows(z.contiguous(), sorted_pairs, block_expert[:num_blocks], STAGED_BLOCK_ROWS, top_k)
     grid = (num_blocks * (inter // (8 * STAGED_WARPS)),)
@@ -51,7 +63,8 @@ def launch_l2_kappa(
     """pairs[pair, :] = act[row] @ W2[e]^T in FP32 for every valid row, act in kappa column order (launch_l1_kappa)."""
     from .gluon.routed_kappa import l2_kappa_kernel
 
-    latent, inter = w2.shape[1], act.shape[1]
+    latent, inter = w2.shape[1], w2.shape[2] * 2
+    _check_blocks("kappa L2", act, inter, sorted_pairs, block_expert, num_blocks)
     words = w2.view(torch.int32)
     grid = (num_blocks * (latent // (16 * STAGED_WARPS)),)
     l2_kappa_kernel[grid](

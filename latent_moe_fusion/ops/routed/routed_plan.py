@@ -351,10 +351,8 @@ def _make_plan(
                "regs_decode_split: a single token's few programs split K, more pairs run whole K")
         if bm == STAGED_BLOCK_ROWS:
             rings = ("staged", "staged")
-            decide("rings", {"kappa": "16-byte weight loads one step ahead, activations by TMA (3 buffers)",
-                             "ws": "TMA rings of 4 stages between loader, dequantiser and MMA warps"}.get(
-                                 staged, "staged TMA ring (4 stages)") + ", 128 registers" * (staged != "ws"),
-                   f"the {staged or 'staged'} kernels' own ring")
+            which = "w4a8" if w4a8 else staged
+            decide("rings", BLOCK128_RINGS[which], f"the {which} kernels' own ring")
         elif all(fp8):
             rings = ("tma", "tma")
             decide("rings", "L1=tma L2=tma", "the FP8 kernels run their own TMA ring")
@@ -420,6 +418,15 @@ def _make_plan(
         weight_format=call.weight_format,
         assumptions=assumptions,
     )
+
+
+# How the kernels of the 128-row blocks bring in their operands (the plan's rings line).
+BLOCK128_RINGS = {
+    "kappa": "weight words by 16-byte loads one step ahead, activations by TMA (3 buffers), 128 registers",
+    "staged": "weight words by a 4-stage TMA ring, activations by cp.async two steps ahead, 128 registers",
+    "ws": "4-stage mbarrier rings between loader, dequantiser and MMA warps, one CTA per SM",
+    "w4a8": "weight words by a 4-stage TMA ring, e4m3 activations by cp.async two steps ahead",
+}
 
 
 def _block_reason(picked: ProducerConfig | None, cfg: ProducerConfig, regs: bool, fp8_why: str | None) -> str:

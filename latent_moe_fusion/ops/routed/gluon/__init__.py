@@ -1,6 +1,7 @@
 """Gluon kernels (sm_90): routed MXFP4 decode GEMMs with register-resident dequantisation (routed_gemm.py), the
-prefill GEMMs that dequantise into shared memory for 128-row blocks (routed_staged.py), and the CUDA-core GEMVs for
-one to four tokens (gluon_routed_gemv.py, launched by routed/routed_gemv.py).
+prefill GEMMs of the 128-row blocks (routed_kappa.py, the default, launched by routed/kappa_path.py; routed_staged.py
+and its warp-specialised form routed_staged_ws.py, launched here), and the CUDA-core GEMVs for one to four tokens
+(gluon_routed_gemv.py, launched by routed/routed_gemv.py).
 
 Picked by the routed plan (routed/routed_plan.py) for MXFP4 blocks on Hopper; `regs_path_reason` says why a call
 cannot take them (None if it can).
@@ -24,8 +25,9 @@ REGS_OVERRIDE = "mxfp4_regs"  # tuning override; read by producer_config.regs_en
 BLOCK_ROWS = (16, 32, 64, 128)  # rows per expert block the kernels take (the MMA's N at most; decode: 16, 32)
 # A block runs the MMA with N = 16 or 32 on its first rows where no more of them hold a pair (routed_gemm.
 # _valid_rows). 64-row blocks serve beyond decode: each block dequantises its weights once for twice the rows.
-# 128-row blocks run the staged kernels (routed_staged.py: weights dequantised once per program into shared memory,
-# asynchronous wgmma from shared memory; N = 64 on blocks with at most 64 valid rows).
+# 128-row blocks run the kappa kernels (routed_kappa.py: weights dequantised into the wgmma's register operand,
+# activations in kappa order by TMA) or, under the staged_kernel override, the staged kernels (routed_staged.py:
+# weights dequantised into shared memory) or their warp-specialised form; N = 64 on blocks with at most 64 valid rows.
 STAGED_BLOCK_ROWS = 128
 STAGED_WARPS = 8  # two warp groups, 128 weight rows per program (L1: 64 gate + 64 up columns)
 STAGED_STEP_K = 64
@@ -191,7 +193,8 @@ def regs_shape_reason(
         return f"L = {latent} must be a multiple of {max(STEP_K, ROW_TILES[1])} and I = {inter} of {max(STEP_K, ROW_TILES[0])}"
     if block_m == STAGED_BLOCK_ROWS and (latent % STAGED_K_MULTIPLE or inter % STAGED_K_MULTIPLE):
         return (f"{STAGED_BLOCK_ROWS}-row blocks need L = {latent} and I = {inter} to be multiples of "
-                f"{STAGED_K_MULTIPLE} (whole rounds of the staged kernels' rings)")
+                f"{STAGED_K_MULTIPLE} (whole rounds of the staged kernels' 4-stage rings of 64-wide steps; one rule "
+                "for every kernel of these blocks, which the staged_kernel override may pick)")
     return None
 
 
@@ -343,16 +346,26 @@ def _launch_ws_l2(
     )
 
 
+def _check_staged_kernel(kernel: str) -> None:
+    """The launchers here run the staged kernels and their warp-specialised form; the kappa kernels write act in
+    their own column order, so their L1 and L2 launch as a pair from routed/kappa_path.py."""
+    if kernel not in ("staged", "ws"):
+        raise ValueError(f"the {STAGED_BLOCK_ROWS}-row launchers here run staged_kernel 'staged' or 'ws', got "
+                         f"{kernel!r}: the kappa kernels launch as a pair from kappa_path.launch_l1_kappa / "
+                         "launch_l2_kappa (expert_schedule.launch_plan does so); pass staged='staged' or 'ws'")
+
+
 def _launch_staged_l1(
     z: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, sorted_pairs: torch.Tensor,
     block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, top_k: int, beta: float, lin_beta: float,
     kernel: str,
 ) -> None:
-    from .routed_staged import l1_staged_kernel
-
+    _check_staged_kernel(kernel)
     if kernel == "ws":
         _launch_ws_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, num_blocks, top_k, beta, lin_beta)
         return
+    from .routed_staged import l1_staged_kernel
+
     latent, inter = z.shape[1], w13.shape[1] // 2
     grid = (num_blocks * (inter // (8 * STAGED_WARPS)),)
     l1_staged_kernel[grid](
@@ -366,11 +379,12 @@ def _launch_staged_l2(
     act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, sorted_pairs: torch.Tensor,
     block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int, kernel: str,
 ) -> None:
-    from .routed_staged import l2_staged_kernel
-
+    _check_staged_kernel(kernel)
     if kernel == "ws":
         _launch_ws_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, num_blocks)
         return
+    from .routed_staged import l2_staged_kernel
+
     latent, inter = w2.shape[1], act.shape[1]
     grid = (num_blocks * (latent // (16 * STAGED_WARPS)),)
     l2_staged_kernel[grid](
@@ -389,8 +403,9 @@ def launch_routed_l1(
     split > 1: K in that many slices of FP32 partial sums, then the ordered-sum + SiTU finish.
     signal: L1 lets its dependents launch at once and the finish goes out as a programmatic dependent
     (ops/common/pdl.py), so that a dependent L2 launched next can prefetch its weights while L1 runs.
-    ring: how the weight words arrive (WEIGHT_RINGS; None: weight_rings()); 128-row blocks take the staged kernel
-    (one ring of its own; whole K, no signal)."""
+    ring: how the weight words arrive (WEIGHT_RINGS; None: weight_rings()). 128-row blocks take the staged kernel or
+    its warp-specialised form, `staged` ("staged" / "ws"; None: the staged_kernel override, which must then name one
+    of them: the kappa kernels launch from kappa_path), with a ring of its own, whole K and no signal."""
     from ..split_k_finish import launch_l1_finish
     from .routed_gemm import l1_regs_kernel
 
@@ -432,7 +447,7 @@ def launch_routed_l2(
     holds one K slice's sums per leading index (the combine adds them in order).
     dependent: launch as a programmatic dependent of the kernel just before it on the stream, which must
     be launch_routed_l1's with signal=True (its L1 or finish): the grouping must have finished before.
-    128-row blocks take the staged kernel (whole K, not dependent)."""
+    128-row blocks take the staged kernel or its warp-specialised form, as launch_routed_l1 (whole K, not dependent)."""
     from .routed_gemm import l2_regs_kernel
 
     if block_m == STAGED_BLOCK_ROWS:

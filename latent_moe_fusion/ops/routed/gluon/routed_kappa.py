@@ -16,8 +16,8 @@ memory, so one TMA copy a step moves a [128, 128] tile to shared memory untouche
 - L1 writes act with the same column order, so L2 reads it as it is (act is the op's own buffer).
 
 Per 128-wide k step: 32 KB of activations copied in and 64 KB read by the two warp groups, about half the staged
-kernels' traffic per MMA (docs/design/prefill.md, "The kappa kernels"). The sums are the register kernels' (kappa
-order in 16-wide MMA chunks): the staged kernels' to FP32 rounding (rel. L2 ~1e-4).
+kernels' traffic per MMA (docs/design/prefill.md, "The kappa kernels"). The sums take k in the register kernels'
+kappa order in 16-wide MMA chunks: the staged kernels' values to FP32 rounding (rel. L2 ~1e-4), not their bits.
 
 L1: 128 weight rows, the gate rows n0 .. n0 + 64 then the same columns' up rows, SiTU in the epilogue. L2: 128 rows
 of W2, FP32 pair rows out. Both run the MMA with N = 64 on blocks with at most 64 valid rows; the wgmma is
@@ -26,7 +26,6 @@ synchronous (the register operand would double its registers in flight), the two
 
 from __future__ import annotations
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
@@ -39,23 +38,6 @@ from .routed_staged import store_situ_rows
 _UNWINDOW = gl.constexpr(WINDOW_SCALE)
 BK: gl.constexpr = gl.constexpr(128)  # k per step: kappa's span
 BUFFERS: gl.constexpr = gl.constexpr(3)  # activation buffers: step i's read while i + 1's and i + 2's copies fly
-KAPPA_CHUNK = 128
-
-
-def kappa_positions(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """pos[k]: where column k of a row goes in kappa order (within its 128-wide chunk; n a multiple of 128)."""
-    k = torch.arange(n, device=device)
-    r = k % KAPPA_CHUNK
-    q, w, e, h, c0 = r // 32, (r // 8) % 4, (r // 4) % 2, (r // 2) % 2, r % 2
-    return k - r + 32 * w + 16 * c0 + 8 * h + 2 * q + e
-
-
-def to_kappa_columns(x: torch.Tensor) -> torch.Tensor:
-    """x [rows, n] with every 128-wide chunk of its columns in kappa order (lut_dequant.to_kappa), contiguous: the
-    definition the gather kernel (triton/kappa_columns.py) and L1's act stores are tested against."""
-    rows, n = x.shape
-    # (row, chunk, q, w, e, h, c0) -> (row, chunk, w, c0, h, q, e)
-    return x.reshape(rows, n // KAPPA_CHUNK, 4, 4, 2, 2, 2).permute(0, 1, 3, 6, 5, 2, 4).reshape(rows, n)
 
 
 @gluon.jit

@@ -40,11 +40,16 @@ _UNWINDOW = gl.constexpr(WINDOW_SCALE)
 BN: gl.constexpr = gl.constexpr(128)  # weight rows per tile (L1: 64 gate + 64 up)
 BM: gl.constexpr = gl.constexpr(128)  # rows per expert block
 MMA_WARPS: gl.constexpr = gl.constexpr(8)
+# Loader partitions (setmaxnreg counts; the dequantiser and the MMA warps get the rest of the register file): L1
+# gathers its z rows by cp.async over 4 warps (8 row pointers a thread), L2's rows come by TMA from one warp.
+LOADER_WARPS_L1: gl.constexpr = gl.constexpr(4)
+LOADER_REGS_L1: gl.constexpr = gl.constexpr(80)
+LOADER_REGS_L2: gl.constexpr = gl.constexpr(40)
 
 
 @gluon.jit
 def _tile(t, tiles_n, block_expert_ptr):
-    """Tile t's block, first weight column (of BN / 2 in L1, BN in L2: tiles_n counts them) and expert."""
+    """Tile t's block, its column tile (of BN / 2 weight columns in L1, BN in L2; tiles_n of them) and expert."""
     blk = t // tiles_n
     return blk, t % tiles_n, gl.load(block_expert_ptr + blk)
 
@@ -62,7 +67,7 @@ def _words_rows(col, n_total, GATED: gl.constexpr, NW: gl.constexpr):
 
 
 @gluon.jit
-def _load_words(w_desc, ws, words_ready, words_empty, g, expert, col, n_total, k, GATED: gl.constexpr,
+def _load_words(w_desc, word_stages, words_ready, words_empty, g, expert, col, n_total, k, GATED: gl.constexpr,
                 S: gl.constexpr):
     """Global step g's weight words into ring stage g % S by TMA, once the dequantiser has given the stage back."""
     st = g % S
@@ -72,12 +77,12 @@ def _load_words(w_desc, ws, words_ready, words_empty, g, expert, col, n_total, k
         coord = [2 * expert, col * (BN // 2), k // 8]
     else:
         coord = [expert * n_total + col * BN, k // 8]
-    tma.async_copy_global_to_shared(w_desc, coord, words_ready.index(st), ws.index(st))
+    tma.async_copy_global_to_shared(w_desc, coord, words_ready.index(st), word_stages.index(st))
 
 
 @gluon.jit
-def _l2_loader(w_desc, a_desc, ws, acts, words_ready, words_empty, act_ready, act_empty, block_expert_ptr, latent, K,
-               num_tiles, S: gl.constexpr):
+def _l2_loader(w_desc, a_desc, word_stages, acts, words_ready, words_empty, act_ready, act_empty, block_expert_ptr,
+               latent, K, num_tiles, S: gl.constexpr):
     tiles_n = latent // BN
     n_steps = K // 64
     g = 0
@@ -85,7 +90,7 @@ def _l2_loader(w_desc, a_desc, ws, acts, words_ready, words_empty, act_ready, ac
         blk, col, expert = _tile(t, tiles_n, block_expert_ptr)
         if expert >= 0:
             for i in range(n_steps):
-                _load_words(w_desc, ws, words_ready, words_empty, g, expert, col, latent, i * 64, False, S)
+                _load_words(w_desc, word_stages, words_ready, words_empty, g, expert, col, latent, i * 64, False, S)
                 st = g % S
                 mbarrier.wait(act_empty.index(st), ((g // S) & 1) ^ 1)
                 mbarrier.expect(act_ready.index(st), a_desc.block_type.nbytes)
@@ -94,9 +99,9 @@ def _l2_loader(w_desc, a_desc, ws, acts, words_ready, words_empty, act_ready, ac
 
 
 @gluon.jit
-def _l1_loader(w_desc, z_ptr, sorted_ptr, ws, acts, words_ready, words_empty, act_ready, act_empty, block_expert_ptr,
-               inter, K, top_k, num_tiles, S: gl.constexpr):
-    NW: gl.constexpr = 4
+def _l1_loader(w_desc, z_ptr, sorted_ptr, word_stages, acts, words_ready, words_empty, act_ready, act_empty,
+               block_expert_ptr, inter, K, top_k, num_tiles, S: gl.constexpr):
+    NW: gl.constexpr = LOADER_WARPS_L1
     act_l: gl.constexpr = _act_layout(NW)
     ak = gl.arange(0, 64, layout=gl.SliceLayout(0, act_l))
     tiles_n = inter // (BN // 2)
@@ -110,7 +115,7 @@ def _l1_loader(w_desc, z_ptr, sorted_ptr, ws, acts, words_ready, words_empty, ac
             a_rows = (z_ptr + tok.to(gl.int64) * K)[:, None]
             a_mask = (pair >= 0)[:, None]
             for i in range(n_steps):
-                _load_words(w_desc, ws, words_ready, words_empty, g, expert, col, inter, i * 64, True, S)
+                _load_words(w_desc, word_stages, words_ready, words_empty, g, expert, col, inter, i * 64, True, S)
                 st = g % S
                 mbarrier.wait(act_empty.index(st), ((g // S) & 1) ^ 1)
                 async_copy.async_copy_global_to_shared(acts.index(st), a_rows + (i * 64 + ak)[None, :], mask=a_mask)
@@ -120,8 +125,9 @@ def _l1_loader(w_desc, z_ptr, sorted_ptr, ws, acts, words_ready, words_empty, ac
 
 
 @gluon.jit
-def _dequantiser(ws, wts, words_ready, words_empty, tile_ready, tile_empty, s_ptr, block_expert_ptr, n_total, K,
-                 row_scales, stride_se, num_tiles, GATED: gl.constexpr, S: gl.constexpr, NW: gl.constexpr):
+def _dequantiser(word_stages, weight_tiles, words_ready, words_empty, tile_ready, tile_empty, s_ptr,
+                 block_expert_ptr, n_total, K, row_scales, stride_se, num_tiles, GATED: gl.constexpr, S: gl.constexpr,
+                 NW: gl.constexpr):
     tiles_n = n_total // (BN // 2) if GATED else n_total // BN
     n_steps = K // 64
     g = 0
@@ -135,7 +141,7 @@ def _dequantiser(ws, wts, words_ready, words_empty, tile_ready, tile_empty, s_pt
                 st = g % S
                 phase = (g // S) & 1
                 mbarrier.wait(words_ready.index(st), phase)
-                stage = ws.index(st)
+                stage = word_stages.index(st)
                 if GATED:
                     stage = stage._reinterpret(gl.int32, [BN, 8],
                                                gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
@@ -145,7 +151,7 @@ def _dequantiser(ws, wts, words_ready, words_empty, tile_ready, tile_empty, s_pt
                 mbarrier.arrive(words_empty.index(st), count=1)
                 tile = _dequant_tile(words, sc, BN)
                 mbarrier.wait(tile_empty.index(st), phase ^ 1)
-                wts.index(st).store(tile)
+                weight_tiles.index(st).store(tile)
                 fence_async_shared()  # the tile's stores (generic proxy) before the wgmma's reads (async proxy)
                 cta_barrier()
                 mbarrier.arrive(tile_ready.index(st), count=1)
@@ -154,7 +160,7 @@ def _dequantiser(ws, wts, words_ready, words_empty, tile_ready, tile_empty, s_pt
 
 
 @gluon.jit
-def _mma_steps(wts, acts, tile_ready, tile_empty, act_ready, act_empty, g, n_steps, ROWS: gl.constexpr,
+def _mma_steps(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, g, n_steps, ROWS: gl.constexpr,
                S: gl.constexpr):
     """acc [BN, ROWS] of one tile over its n_steps ring stages from g on; every stage given back."""
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[MMA_WARPS, 1],
@@ -168,7 +174,7 @@ def _mma_steps(wts, acts, tile_ready, tile_empty, act_ready, act_empty, g, n_ste
         act = acts.index(st)
         if ROWS < BM:
             act = act.slice(0, ROWS)
-        acc = warpgroup_mma(wts.index(st), act.permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(weight_tiles.index(st), act.permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         cta_barrier()  # both warp groups have seen the step before's wgmma complete
         prev = (g + S - 1) % S
@@ -191,8 +197,8 @@ def _l2_store(acc, pairs_ptr, sorted_ptr, row0, n0, latent, ROWS: gl.constexpr):
 
 
 @gluon.jit
-def _l2_mma(wts, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr, sorted_ptr, pairs_ptr, latent,
-            K, num_tiles, S: gl.constexpr):
+def _l2_mma(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr, sorted_ptr,
+            pairs_ptr, latent, K, num_tiles, S: gl.constexpr):
     tiles_n = latent // BN
     n_steps = K // 64
     g = 0
@@ -200,16 +206,18 @@ def _l2_mma(wts, acts, tile_ready, tile_empty, act_ready, act_empty, block_exper
         blk, col, expert = _tile(t, tiles_n, block_expert_ptr)
         if expert >= 0:
             if _valid_rows(sorted_ptr, blk * BM, BM, MMA_WARPS) <= BM // 2:
-                half, g = _mma_steps(wts, acts, tile_ready, tile_empty, act_ready, act_empty, g, n_steps, BM // 2, S)
+                half, g = _mma_steps(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, g, n_steps,
+                                     BM // 2, S)
                 _l2_store(half, pairs_ptr, sorted_ptr, blk * BM, col * BN, latent, BM // 2)
             else:
-                full, g = _mma_steps(wts, acts, tile_ready, tile_empty, act_ready, act_empty, g, n_steps, BM, S)
+                full, g = _mma_steps(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, g, n_steps,
+                                     BM, S)
                 _l2_store(full, pairs_ptr, sorted_ptr, blk * BM, col * BN, latent, BM)
 
 
 @gluon.jit
-def _l1_mma(wts, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr, sorted_ptr, act_ptr, inter, K,
-            beta, lin_beta, num_tiles, S: gl.constexpr):
+def _l1_mma(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr, sorted_ptr, act_ptr,
+            inter, K, beta, lin_beta, num_tiles, S: gl.constexpr):
     tiles_n = inter // (BN // 2)
     n_steps = K // 64
     g = 0
@@ -217,23 +225,25 @@ def _l1_mma(wts, acts, tile_ready, tile_empty, act_ready, act_empty, block_exper
         blk, col, expert = _tile(t, tiles_n, block_expert_ptr)
         if expert >= 0:
             if _valid_rows(sorted_ptr, blk * BM, BM, MMA_WARPS) <= BM // 2:
-                half, g = _mma_steps(wts, acts, tile_ready, tile_empty, act_ready, act_empty, g, n_steps, BM // 2, S)
+                half, g = _mma_steps(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, g, n_steps,
+                                     BM // 2, S)
                 store_situ_rows(half, act_ptr, blk * BM, col * (BN // 2), inter, beta, lin_beta, BM // 2, MMA_WARPS)
             else:
-                full, g = _mma_steps(wts, acts, tile_ready, tile_empty, act_ready, act_empty, g, n_steps, BM, S)
+                full, g = _mma_steps(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, g, n_steps,
+                                     BM, S)
                 store_situ_rows(full, act_ptr, blk * BM, col * (BN // 2), inter, beta, lin_beta, BM, MMA_WARPS)
 
 
 @gluon.jit(do_not_specialize=["top_k"])
 def l1_ws_kernel(z_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, inter, K, row_scales, top_k, stride_se, beta,
-                 lin_beta, num_tiles, w_desc, STAGES: gl.constexpr, DEQUANT_WARPS: gl.constexpr, DEQUANT_REGS: gl.constexpr,
-                 num_warps: gl.constexpr):
+                 lin_beta, num_tiles, w_desc, STAGES: gl.constexpr, DEQUANT_WARPS: gl.constexpr,
+                 DEQUANT_REGS: gl.constexpr, num_warps: gl.constexpr):
     """act[block rows, n0 .. n0 + 64] = bf16(SiTU(gate, up)) for every (block, 64 columns) tile, persistent."""
     S: gl.constexpr = STAGES
     op_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
-    ws = gl.allocate_shared_memory(w_desc.dtype, [S] + w_desc.block_type.shape, w_desc.layout)
-    wts = gl.allocate_shared_memory(gl.bfloat16, [S, BN, 64], op_l)
+    word_stages = gl.allocate_shared_memory(w_desc.dtype, [S] + w_desc.block_type.shape, w_desc.layout)
+    weight_tiles = gl.allocate_shared_memory(gl.bfloat16, [S, BN, 64], op_l)
     acts = gl.allocate_shared_memory(gl.bfloat16, [S, BM, 64], op_l)
     words_ready = gl.allocate_shared_memory(gl.int64, [S, 1], bar_l)
     words_empty = gl.allocate_shared_memory(gl.int64, [S, 1], bar_l)
@@ -246,28 +256,29 @@ def l1_ws_kernel(z_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, inter, K, 
         mbarrier.init(words_empty.index(st), count=1)
         mbarrier.init(tile_ready.index(st), count=1)
         mbarrier.init(tile_empty.index(st), count=1)
-        mbarrier.init(act_ready.index(st), count=4 * 32)  # one cp.async arrival per loader thread
+        mbarrier.init(act_ready.index(st), count=LOADER_WARPS_L1 * 32)  # one cp.async arrival per loader thread
         mbarrier.init(act_empty.index(st), count=1)
     gl.warp_specialize([
-        (_l1_mma, (wts, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr, sorted_ptr, act_ptr,
-                   inter, K, beta, lin_beta, num_tiles, S)),
-        (_l1_loader, (w_desc, z_ptr, sorted_ptr, ws, acts, words_ready, words_empty, act_ready, act_empty,
+        (_l1_mma, (weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr, sorted_ptr,
+                   act_ptr, inter, K, beta, lin_beta, num_tiles, S)),
+        (_l1_loader, (w_desc, z_ptr, sorted_ptr, word_stages, acts, words_ready, words_empty, act_ready, act_empty,
                       block_expert_ptr, inter, K, top_k, num_tiles, S)),
-        (_dequantiser, (ws, wts, words_ready, words_empty, tile_ready, tile_empty, s_ptr, block_expert_ptr, inter, K,
-                        row_scales, stride_se, num_tiles, True, S, DEQUANT_WARPS)),
-    ], [4, DEQUANT_WARPS], [80, DEQUANT_REGS])
+        (_dequantiser, (word_stages, weight_tiles, words_ready, words_empty, tile_ready, tile_empty, s_ptr,
+                        block_expert_ptr, inter, K, row_scales, stride_se, num_tiles, True, S, DEQUANT_WARPS)),
+    ], [LOADER_WARPS_L1, DEQUANT_WARPS], [LOADER_REGS_L1, DEQUANT_REGS])
 
 
 @gluon.jit
 def l2_ws_kernel(s_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, latent, K, row_scales, stride_se, num_tiles, w_desc,
-                 a_desc, STAGES: gl.constexpr, DEQUANT_WARPS: gl.constexpr, DEQUANT_REGS: gl.constexpr, num_warps: gl.constexpr):
+                 a_desc, STAGES: gl.constexpr, DEQUANT_WARPS: gl.constexpr, DEQUANT_REGS: gl.constexpr,
+                 num_warps: gl.constexpr):
     """pairs[pair of row, n0 .. n0 + 128] = act[row] @ W2^T (FP32) for every (block, 128 rows of W2) tile,
     persistent."""
     S: gl.constexpr = STAGES
     op_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
-    ws = gl.allocate_shared_memory(w_desc.dtype, [S] + w_desc.block_type.shape, w_desc.layout)
-    wts = gl.allocate_shared_memory(gl.bfloat16, [S, BN, 64], op_l)
+    word_stages = gl.allocate_shared_memory(w_desc.dtype, [S] + w_desc.block_type.shape, w_desc.layout)
+    weight_tiles = gl.allocate_shared_memory(gl.bfloat16, [S, BN, 64], op_l)
     acts = gl.allocate_shared_memory(a_desc.dtype, [S] + a_desc.block_type.shape, a_desc.layout)
     words_ready = gl.allocate_shared_memory(gl.int64, [S, 1], bar_l)
     words_empty = gl.allocate_shared_memory(gl.int64, [S, 1], bar_l)
@@ -283,10 +294,10 @@ def l2_ws_kernel(s_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, latent, K, row_
         mbarrier.init(act_ready.index(st), count=1)
         mbarrier.init(act_empty.index(st), count=1)
     gl.warp_specialize([
-        (_l2_mma, (wts, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr, sorted_ptr, pairs_ptr,
-                   latent, K, num_tiles, S)),
-        (_l2_loader, (w_desc, a_desc, ws, acts, words_ready, words_empty, act_ready, act_empty, block_expert_ptr,
-                      latent, K, num_tiles, S)),
-        (_dequantiser, (ws, wts, words_ready, words_empty, tile_ready, tile_empty, s_ptr, block_expert_ptr, latent, K,
-                        row_scales, stride_se, num_tiles, False, S, DEQUANT_WARPS)),
-    ], [1, DEQUANT_WARPS], [40, DEQUANT_REGS])
+        (_l2_mma, (weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr, sorted_ptr,
+                   pairs_ptr, latent, K, num_tiles, S)),
+        (_l2_loader, (w_desc, a_desc, word_stages, acts, words_ready, words_empty, act_ready, act_empty,
+                      block_expert_ptr, latent, K, num_tiles, S)),
+        (_dequantiser, (word_stages, weight_tiles, words_ready, words_empty, tile_ready, tile_empty, s_ptr,
+                        block_expert_ptr, latent, K, row_scales, stride_se, num_tiles, False, S, DEQUANT_WARPS)),
+    ], [1, DEQUANT_WARPS], [LOADER_REGS_L2, DEQUANT_REGS])
