@@ -103,3 +103,33 @@ def routed_float64(inputs: RankInputs, w13: torch.Tensor, w13_scale: torch.Tenso
         act = (beta * torch.tanh(g / beta) * torch.sigmoid(g)) * (lin_beta * torch.tanh(u / lin_beta))
         y.index_add_(0, tokens, inputs.weights[tokens, slots].to(f64)[:, None] * (act @ w2_e.T))
     return y
+
+
+PREFILL_M = (4096, 8192, 16384, 32768)
+
+
+def prefill_args(description: str, argv: list[str] | None = None):
+    """--out, --m (default PREFILL_M) and --seed: the prefill routed-op benchmarks' command line."""
+    import argparse
+
+    from bench.common import RESULTS_DIR
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out", default=str(RESULTS_DIR), help="results folder (default bench/results)")
+    ap.add_argument("--m", type=int, nargs="+", default=list(PREFILL_M), help="token counts")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if any(m < 1 for m in args.m):
+        ap.error("--m values must be >= 1")
+    return args
+
+
+def routed_with_knobs(w: dict[str, torch.Tensor], knobs: dict[str, str]):
+    """call(z, ids, weights): lmf::routed_experts on the rank's MXFP4 weights with `knobs` applied while it runs."""
+    from bench.common import knobs_applied
+
+    def call(z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        with knobs_applied(knobs):
+            return torch.ops.lmf.routed_experts(z, ids, weights, w["w13"], w["w2"], w["w13_scale"], w["w2_scale"],
+                                                "mxfp4", BETA, LIN_BETA)
+    return call

@@ -29,9 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    RESULTS_DIR,
     environment,
-    knobs_applied,
     measure_ceilings,
     rel_l2,
     sets_to_flush_l2,
@@ -48,12 +46,13 @@ from bench.peer_inputs import (  # noqa: E402
     LOCAL_EXPERTS,
     TOP_K,
     floor_terms,
+    prefill_args,
     rank_inputs,
     rank_weights,
     routed_float64,
+    routed_with_knobs,
 )
 
-DEFAULT_M = (4096, 8192, 16384, 32768)
 ROWS = {name: {"staged_kernel": name} for name in ("staged", "kappa", "ws")}
 KERNELS = {name: (f"l1_{name}_kernel", f"l2_{name}_kernel") for name in ROWS}
 GATHER_KERNEL = "gather_kappa_rows_kernel"
@@ -66,22 +65,7 @@ COLUMNS = ["M", "staged_us", "kappa_us", "ws_us", "kappa_speedup", "ws_speedup",
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(RESULTS_DIR), help="results folder (default bench/results)")
-    ap.add_argument("--m", type=int, nargs="+", default=list(DEFAULT_M), help="token counts")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    if any(m < 1 for m in args.m):
-        ap.error("--m values must be >= 1")
-    return args
-
-
-def routed(w: dict[str, torch.Tensor], knobs: dict[str, str]):
-    def call(z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        with knobs_applied(knobs):
-            return torch.ops.lmf.routed_experts(z, ids, weights, w["w13"], w["w2"], w["w13_scale"], w["w2_scale"],
-                                                "mxfp4", BETA, LIN_BETA)
-    return call
+    return prefill_args(__doc__.split("\n\n")[0], argv)
 
 
 def kernel_us(fn, names: tuple[str, ...]) -> tuple[float, ...]:
@@ -94,7 +78,7 @@ def timing_row(m: int, w: dict[str, torch.Tensor], gen: torch.Generator, ceiling
     sets = [rank_inputs(m, gen, "cuda") for _ in range(2)]
     while len(sets) < sets_to_flush_l2(int(floor_terms(sets[0])[0])):
         sets.append(rank_inputs(m, gen, "cuda"))
-    fns = {name: routed(w, knobs) for name, knobs in ROWS.items()}
+    fns = {name: routed_with_knobs(w, knobs) for name, knobs in ROWS.items()}
     s = sets[0]
     outs = {name: fn(s.z, s.ids, s.weights) for name, fn in fns.items()}
     exact = routed_float64(s, w["w13"], w["w13_scale"], w["w2"], w["w2_scale"])

@@ -24,9 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    RESULTS_DIR,
     environment,
-    knobs_applied,
     measure_ceilings,
     rel_l2,
     sets_to_flush_l2,
@@ -43,12 +41,13 @@ from bench.peer_inputs import (  # noqa: E402
     LOCAL_EXPERTS,
     TOP_K,
     floor_terms,
+    prefill_args,
     rank_inputs,
     rank_weights,
     routed_float64,
+    routed_with_knobs,
 )
 
-DEFAULT_M = (4096, 8192, 16384, 32768)
 ROWS = {"bf16": {}, "w4a8": {"LMF_ROUTED_W4A8": "1"}, "w4a8_rows64": {"LMF_ROUTED_W4A8": "1", "w4a8_rows": "64"}}
 SHAPE = (f"one EP8 rank of Kimi K3: {LOCAL_EXPERTS} of {GLOBAL_EXPERTS} experts MXFP4 (E8M0 per 32), top-{TOP_K} with "
          f"the other ranks' experts at -1, L={LATENT}, I={INTER}, SiTU beta={BETA} lin_beta={LIN_BETA}, z BF16")
@@ -59,14 +58,7 @@ COLUMNS = ["M", "bf16_us", "w4a8_us", "w4a8_speedup", "w4a8_rows64_us", "w4a8_ro
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(RESULTS_DIR), help="results folder (default bench/results)")
-    ap.add_argument("--m", type=int, nargs="+", default=list(DEFAULT_M), help="token counts")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    if any(m < 1 for m in args.m):
-        ap.error("--m values must be >= 1")
-    return args
+    return prefill_args(__doc__.split("\n\n")[0], argv)
 
 
 def fp8_flop_per_s() -> float:
@@ -77,14 +69,6 @@ def fp8_flop_per_s() -> float:
     one = torch.ones((), device="cuda")
     ms = time_ms(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16), warmup=5, iters=20)
     return 2 * k**3 / (ms * 1e-3)
-
-
-def routed(w: dict[str, torch.Tensor], knobs: dict[str, str]):
-    def call(z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        with knobs_applied(knobs):
-            return torch.ops.lmf.routed_experts(z, ids, weights, w["w13"], w["w2"], w["w13_scale"], w["w2_scale"],
-                                                "mxfp4", BETA, LIN_BETA)
-    return call
 
 
 def definition64(s, w: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -98,7 +82,7 @@ def timing_row(m: int, w: dict[str, torch.Tensor], gen: torch.Generator, ceiling
     sets = [rank_inputs(m, gen, "cuda") for _ in range(2)]
     while len(sets) < sets_to_flush_l2(int(floor_terms(sets[0])[0])):
         sets.append(rank_inputs(m, gen, "cuda"))
-    fns = {name: routed(w, knobs) for name, knobs in ROWS.items()}
+    fns = {name: routed_with_knobs(w, knobs) for name, knobs in ROWS.items()}
     s = sets[0]
     exact = routed_float64(s, w["w13"], w["w13_scale"], w["w2"], w["w2_scale"])
     outs = {name: fn(s.z, s.ids, s.weights) for name, fn in fns.items()}
