@@ -234,6 +234,20 @@ def _l1_mma(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, bl
                 store_situ_rows(full, act_ptr, blk * BM, col * (BN // 2), inter, beta, lin_beta, BM, MMA_WARPS)
 
 
+@gluon.jit
+def _ring_barriers(S: gl.constexpr, ACT_ARRIVALS: gl.constexpr):
+    """The rings' ready / empty mbarriers (S stages each): words, weight tiles, activations; one arrival a phase
+    except the activations' ready (ACT_ARRIVALS: 1 for a TMA copy, a loader thread each for cp.async)."""
+    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+    bars = (gl.allocate_shared_memory(gl.int64, [S, 1], bar_l), gl.allocate_shared_memory(gl.int64, [S, 1], bar_l),
+            gl.allocate_shared_memory(gl.int64, [S, 1], bar_l), gl.allocate_shared_memory(gl.int64, [S, 1], bar_l),
+            gl.allocate_shared_memory(gl.int64, [S, 1], bar_l), gl.allocate_shared_memory(gl.int64, [S, 1], bar_l))
+    for st in gl.static_range(S):
+        for b in gl.static_range(6):
+            mbarrier.init(bars[b].index(st), count=ACT_ARRIVALS if b == 4 else 1)
+    return bars
+
+
 @gluon.jit(do_not_specialize=["top_k"])
 def l1_ws_kernel(z_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, inter, K, row_scales, top_k, stride_se, beta,
                  lin_beta, num_tiles, w_desc, STAGES: gl.constexpr, DEQUANT_WARPS: gl.constexpr,
@@ -241,23 +255,11 @@ def l1_ws_kernel(z_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, inter, K, 
     """act[block rows, n0 .. n0 + 64] = bf16(SiTU(gate, up)) for every (block, 64 columns) tile, persistent."""
     S: gl.constexpr = STAGES
     op_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
     word_stages = gl.allocate_shared_memory(w_desc.dtype, [S] + w_desc.block_type.shape, w_desc.layout)
     weight_tiles = gl.allocate_shared_memory(gl.bfloat16, [S, BN, 64], op_l)
     acts = gl.allocate_shared_memory(gl.bfloat16, [S, BM, 64], op_l)
-    words_ready = gl.allocate_shared_memory(gl.int64, [S, 1], bar_l)
-    words_empty = gl.allocate_shared_memory(gl.int64, [S, 1], bar_l)
-    tile_ready = gl.allocate_shared_memory(gl.int64, [S, 1], bar_l)
-    tile_empty = gl.allocate_shared_memory(gl.int64, [S, 1], bar_l)
-    act_ready = gl.allocate_shared_memory(gl.int64, [S, 1], bar_l)
-    act_empty = gl.allocate_shared_memory(gl.int64, [S, 1], bar_l)
-    for st in gl.static_range(S):
-        mbarrier.init(words_ready.index(st), count=1)
-        mbarrier.init(words_empty.index(st), count=1)
-        mbarrier.init(tile_ready.index(st), count=1)
-        mbarrier.init(tile_empty.index(st), count=1)
-        mbarrier.init(act_ready.index(st), count=LOADER_WARPS_L1 * 32)  # one cp.async arrival per loader thread
-        mbarrier.init(act_empty.index(st), count=1)
+    # one cp.async arrival per loader thread
+    words_ready, words_empty, tile_ready, tile_empty, act_ready, act_empty = _ring_barriers(S, LOADER_WARPS_L1 * 32)
     gl.warp_specialize([
         (_l1_mma, (weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr, sorted_ptr,
                    act_ptr, inter, K, beta, lin_beta, num_tiles, S)),
@@ -276,23 +278,10 @@ def l2_ws_kernel(s_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, latent, K, row_
     persistent."""
     S: gl.constexpr = STAGES
     op_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
     word_stages = gl.allocate_shared_memory(w_desc.dtype, [S] + w_desc.block_type.shape, w_desc.layout)
     weight_tiles = gl.allocate_shared_memory(gl.bfloat16, [S, BN, 64], op_l)
     acts = gl.allocate_shared_memory(a_desc.dtype, [S] + a_desc.block_type.shape, a_desc.layout)
-    words_ready = gl.allocate_shared_memory(gl.int64, [S, 1], bar_l)
-    words_empty = gl.allocate_shared_memory(gl.int64, [S, 1], bar_l)
-    tile_ready = gl.allocate_shared_memory(gl.int64, [S, 1], bar_l)
-    tile_empty = gl.allocate_shared_memory(gl.int64, [S, 1], bar_l)
-    act_ready = gl.allocate_shared_memory(gl.int64, [S, 1], bar_l)
-    act_empty = gl.allocate_shared_memory(gl.int64, [S, 1], bar_l)
-    for st in gl.static_range(S):
-        mbarrier.init(words_ready.index(st), count=1)
-        mbarrier.init(words_empty.index(st), count=1)
-        mbarrier.init(tile_ready.index(st), count=1)
-        mbarrier.init(tile_empty.index(st), count=1)
-        mbarrier.init(act_ready.index(st), count=1)
-        mbarrier.init(act_empty.index(st), count=1)
+    words_ready, words_empty, tile_ready, tile_empty, act_ready, act_empty = _ring_barriers(S, 1)  # one TMA arrival
     gl.warp_specialize([
         (_l2_mma, (weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr, sorted_ptr,
                    pairs_ptr, latent, K, num_tiles, S)),
