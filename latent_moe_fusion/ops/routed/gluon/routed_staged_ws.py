@@ -190,16 +190,23 @@ def _mma_steps(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty,
 
 
 @gluon.jit
-def _l2_store(acc, pairs_ptr, sorted_ptr, row0, n0, latent, ROWS: gl.constexpr):
-    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[MMA_WARPS, 1],
-                                                    instr_shape=[16, ROWS, 16])
-    store_pair_rows(acc, pairs_ptr, sorted_ptr, row0, n0, latent, mma_l, ROWS, BN)
+def _store_tile(acc, out_ptr, sorted_ptr, row0, col, n_total, beta, lin_beta, ROWS: gl.constexpr,
+                GATED: gl.constexpr):
+    """The tile's epilogue: L1 (GATED) the SiTU act rows of its BN / 2 columns, L2 the FP32 pair rows of its BN."""
+    if GATED:
+        store_situ_rows(acc, out_ptr, row0, col * (BN // 2), n_total, beta, lin_beta, ROWS, MMA_WARPS)
+    else:
+        mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[MMA_WARPS, 1],
+                                                        instr_shape=[16, ROWS, 16])
+        store_pair_rows(acc, out_ptr, sorted_ptr, row0, col * BN, n_total, mma_l, ROWS, BN)
 
 
 @gluon.jit
-def _l2_mma(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr, sorted_ptr,
-            pairs_ptr, latent, K, num_tiles, S: gl.constexpr):
-    tiles_n = latent // BN
+def _mma_partition(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr, sorted_ptr,
+                   out_ptr, n_total, K, beta, lin_beta, num_tiles, S: gl.constexpr, GATED: gl.constexpr):
+    """The default partition: every tile's steps from the rings (N = 64 for blocks with at most 64 valid rows), then
+    its epilogue while the other partitions fill the rings with the next tile's."""
+    tiles_n = n_total // (BN // 2) if GATED else n_total // BN
     n_steps = K // 64
     g = 0
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -208,30 +215,11 @@ def _l2_mma(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, bl
             if _valid_rows(sorted_ptr, blk * BM, BM, MMA_WARPS) <= BM // 2:
                 half, g = _mma_steps(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, g, n_steps,
                                      BM // 2, S)
-                _l2_store(half, pairs_ptr, sorted_ptr, blk * BM, col * BN, latent, BM // 2)
+                _store_tile(half, out_ptr, sorted_ptr, blk * BM, col, n_total, beta, lin_beta, BM // 2, GATED)
             else:
                 full, g = _mma_steps(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, g, n_steps,
                                      BM, S)
-                _l2_store(full, pairs_ptr, sorted_ptr, blk * BM, col * BN, latent, BM)
-
-
-@gluon.jit
-def _l1_mma(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr, sorted_ptr, act_ptr,
-            inter, K, beta, lin_beta, num_tiles, S: gl.constexpr):
-    tiles_n = inter // (BN // 2)
-    n_steps = K // 64
-    g = 0
-    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        blk, col, expert = _tile(t, tiles_n, block_expert_ptr)
-        if expert >= 0:
-            if _valid_rows(sorted_ptr, blk * BM, BM, MMA_WARPS) <= BM // 2:
-                half, g = _mma_steps(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, g, n_steps,
-                                     BM // 2, S)
-                store_situ_rows(half, act_ptr, blk * BM, col * (BN // 2), inter, beta, lin_beta, BM // 2, MMA_WARPS)
-            else:
-                full, g = _mma_steps(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, g, n_steps,
-                                     BM, S)
-                store_situ_rows(full, act_ptr, blk * BM, col * (BN // 2), inter, beta, lin_beta, BM, MMA_WARPS)
+                _store_tile(full, out_ptr, sorted_ptr, blk * BM, col, n_total, beta, lin_beta, BM, GATED)
 
 
 @gluon.jit
@@ -261,8 +249,8 @@ def l1_ws_kernel(z_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, inter, K, 
     # one cp.async arrival per loader thread
     words_ready, words_empty, tile_ready, tile_empty, act_ready, act_empty = _ring_barriers(S, LOADER_WARPS_L1 * 32)
     gl.warp_specialize([
-        (_l1_mma, (weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr, sorted_ptr,
-                   act_ptr, inter, K, beta, lin_beta, num_tiles, S)),
+        (_mma_partition, (weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr,
+                          sorted_ptr, act_ptr, inter, K, beta, lin_beta, num_tiles, S, True)),
         (_l1_loader, (w_desc, z_ptr, sorted_ptr, word_stages, acts, words_ready, words_empty, act_ready, act_empty,
                       block_expert_ptr, inter, K, top_k, num_tiles, S)),
         (_dequantiser, (word_stages, weight_tiles, words_ready, words_empty, tile_ready, tile_empty, s_ptr,
@@ -283,8 +271,8 @@ def l2_ws_kernel(s_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, latent, K, row_
     acts = gl.allocate_shared_memory(a_desc.dtype, [S] + a_desc.block_type.shape, a_desc.layout)
     words_ready, words_empty, tile_ready, tile_empty, act_ready, act_empty = _ring_barriers(S, 1)  # one TMA arrival
     gl.warp_specialize([
-        (_l2_mma, (weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr, sorted_ptr,
-                   pairs_ptr, latent, K, num_tiles, S)),
+        (_mma_partition, (weight_tiles, acts, tile_ready, tile_empty, act_ready, act_empty, block_expert_ptr,
+                          sorted_ptr, pairs_ptr, latent, K, 0.0, 0.0, num_tiles, S, False)),
         (_l2_loader, (w_desc, a_desc, word_stages, acts, words_ready, words_empty, act_ready, act_empty,
                       block_expert_ptr, latent, K, num_tiles, S)),
         (_dequantiser, (word_stages, weight_tiles, words_ready, words_empty, tile_ready, tile_empty, s_ptr,
