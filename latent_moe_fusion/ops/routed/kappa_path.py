@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..common.mxfp4 import BLOCK as MXFP4_BLOCK
-from .gluon import STAGED_BLOCK_ROWS, STAGED_MAX_REGISTERS, STAGED_WARPS
+from .gluon import STAGED_BLOCK_ROWS, STAGED_MAX_REGISTERS, STAGED_WARPS, activation_rows_descriptor
 from .triton.kappa_columns import KAPPA_CHUNK  # the TMA box's columns: one kappa chunk a k step
 
 
@@ -25,15 +25,6 @@ def _check_blocks(what: str, act: torch.Tensor, act_cols: int, sorted_pairs: tor
     if sorted_pairs.numel() < rows or block_expert.numel() < num_blocks:
         raise ValueError(f"{what}: {num_blocks} blocks need {rows} sorted pairs and {num_blocks} block experts, got "
                          f"{sorted_pairs.numel()} and {block_expert.numel()} (the grouping's outputs for these blocks)")
-
-
-def _rows_descriptor(rows: torch.Tensor):
-    """TMA descriptor of [128, 128] boxes of activation rows in kappa order (the kernels' B operand)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    return TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [STAGED_BLOCK_ROWS, KAPPA_CHUNK], layout)
 
 
 def launch_l1_kappa(
@@ -51,7 +42,8 @@ def launch_l1_kappa(
     grid = (num_blocks * (inter // (8 * STAGED_WARPS)),)
     l1_kappa_kernel[grid](
         words, w13_scale, sorted_pairs, block_expert, act, inter, latent, latent // 8, latent // MXFP4_BLOCK,
-        words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta), _rows_descriptor(z_rows),
+        words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta),
+        activation_rows_descriptor(z_rows, KAPPA_CHUNK),
         BM=STAGED_BLOCK_ROWS, num_warps=STAGED_WARPS, maxnreg=STAGED_MAX_REGISTERS,
     )
 
@@ -69,6 +61,7 @@ def launch_l2_kappa(
     grid = (num_blocks * (latent // (16 * STAGED_WARPS)),)
     l2_kappa_kernel[grid](
         words, w2_scale, sorted_pairs, block_expert, pairs, latent, inter, inter // 8, inter // MXFP4_BLOCK,
-        words.stride(0), w2_scale.stride(0), _rows_descriptor(act[: num_blocks * STAGED_BLOCK_ROWS]),
+        words.stride(0), w2_scale.stride(0),
+        activation_rows_descriptor(act[: num_blocks * STAGED_BLOCK_ROWS], KAPPA_CHUNK),
         BM=STAGED_BLOCK_ROWS, num_warps=STAGED_WARPS, maxnreg=STAGED_MAX_REGISTERS,
     )

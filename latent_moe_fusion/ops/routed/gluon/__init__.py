@@ -274,6 +274,16 @@ def step_descriptor(words: torch.Tensor, gated: bool, rows: int, step_k: int):
     return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
 
 
+def activation_rows_descriptor(rows: torch.Tensor, box_cols: int):
+    """TMA descriptor of [128, box_cols] boxes of bf16 activation rows in the wgmma's 128-byte swizzle (the B operand
+    of the 128-row blocks' kernels: the kappa kernels' 128-wide k steps, the warp-specialised L2's 64-wide ones)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    return TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [STAGED_BLOCK_ROWS, box_cols], layout)
+
+
 def _staged_descriptor(words: torch.Tensor, gated: bool):
     """The staged kernels' step_descriptor: 128 weight rows (L1: 64 gate + 64 up), 64-wide k steps."""
     return step_descriptor(words, gated, 16 * STAGED_WARPS, STAGED_STEP_K)
@@ -328,17 +338,11 @@ def _launch_ws_l2(
     act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, sorted_pairs: torch.Tensor,
     block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int,
 ) -> None:
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     from .routed_staged_ws import l2_ws_kernel
 
     latent, inter = w2.shape[1], act.shape[1]
     num_tiles = num_blocks * (latent // (16 * STAGED_WARPS))
-    rows = act[: num_blocks * STAGED_BLOCK_ROWS]
-    a_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    a_desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [STAGED_BLOCK_ROWS, STAGED_STEP_K],
-                              a_layout)
+    a_desc = activation_rows_descriptor(act[: num_blocks * STAGED_BLOCK_ROWS], STAGED_STEP_K)
     l2_ws_kernel[(min(num_tiles, _sm_count(act.device)),)](
         w2_scale, sorted_pairs, block_expert, pairs, latent, inter, inter // MXFP4_BLOCK, w2_scale.stride(0),
         num_tiles, _staged_descriptor(w2.view(torch.int32), gated=False), a_desc, STAGES=WS_STAGES[1],

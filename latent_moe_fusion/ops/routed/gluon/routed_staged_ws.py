@@ -48,6 +48,12 @@ LOADER_REGS_L2: gl.constexpr = gl.constexpr(40)
 
 
 @gluon.jit
+def _column_tiles(n_total, GATED: gl.constexpr):
+    """Column tiles per block: L1 (GATED) BN / 2 weight columns a tile (their gate and up rows), L2 BN."""
+    return n_total // (BN // 2) if GATED else n_total // BN
+
+
+@gluon.jit
 def _tile(t, tiles_n, block_expert_ptr):
     """Tile t's block, its column tile (of BN / 2 weight columns in L1, BN in L2; tiles_n of them) and expert."""
     blk = t // tiles_n
@@ -83,7 +89,7 @@ def _load_words(w_desc, word_stages, words_ready, words_empty, g, expert, col, n
 @gluon.jit
 def _l2_loader(w_desc, a_desc, word_stages, acts, words_ready, words_empty, act_ready, act_empty, block_expert_ptr,
                latent, K, num_tiles, S: gl.constexpr):
-    tiles_n = latent // BN
+    tiles_n = _column_tiles(latent, False)
     n_steps = K // 64
     g = 0
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -104,7 +110,7 @@ def _l1_loader(w_desc, z_ptr, sorted_ptr, word_stages, acts, words_ready, words_
     NW: gl.constexpr = LOADER_WARPS_L1
     act_l: gl.constexpr = _act_layout(NW)
     ak = gl.arange(0, 64, layout=gl.SliceLayout(0, act_l))
-    tiles_n = inter // (BN // 2)
+    tiles_n = _column_tiles(inter, True)
     n_steps = K // 64
     g = 0
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -128,7 +134,7 @@ def _l1_loader(w_desc, z_ptr, sorted_ptr, word_stages, acts, words_ready, words_
 def _dequantiser(word_stages, weight_tiles, words_ready, words_empty, tile_ready, tile_empty, s_ptr,
                  block_expert_ptr, n_total, K, row_scales, stride_se, num_tiles, GATED: gl.constexpr, S: gl.constexpr,
                  NW: gl.constexpr):
-    tiles_n = n_total // (BN // 2) if GATED else n_total // BN
+    tiles_n = _column_tiles(n_total, GATED)
     n_steps = K // 64
     g = 0
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -206,7 +212,7 @@ def _mma_partition(weight_tiles, acts, tile_ready, tile_empty, act_ready, act_em
                    out_ptr, n_total, K, beta, lin_beta, num_tiles, S: gl.constexpr, GATED: gl.constexpr):
     """The default partition: every tile's steps from the rings (N = 64 for blocks with at most 64 valid rows), then
     its epilogue while the other partitions fill the rings with the next tile's."""
-    tiles_n = n_total // (BN // 2) if GATED else n_total // BN
+    tiles_n = _column_tiles(n_total, GATED)
     n_steps = K // 64
     g = 0
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
