@@ -6,7 +6,9 @@ One EP8 rank of Kimi K3 (bench/peer_inputs.py): 112 of 896 MXFP4 experts, top-16
   staged  ops/routed/gluon/routed_staged.py: the weights dequantised into shared memory, both wgmma operands from
           there, every warp dequantises and issues its wgmma each 64-wide k step, two CTAs per SM;
   kappa   routed_kappa.py: the weights dequantised into the wgmma's register operand, the activations in kappa
-          order by TMA (L1's block rows gathered first by triton/kappa_columns.py), two CTAs per SM;
+          order by TMA (L1's block rows gathered first by triton/kappa_columns.py), two CTAs per SM, the MMA's N by
+          each block's valid rows in tiers (16, 32, 64, 64 + 16, 64 + 32, 128);
+  kappa_plain  the same kernels with N = 64 or 128 only;
   ws      routed_staged_ws.py: the staged kernels' work split over loader, dequantiser and MMA partitions handing
           mbarrier ring stages over, one persistent CTA per SM.
 Times: one CUDA graph per row over rotating input sets, replayed in alternating rounds
@@ -53,15 +55,17 @@ from bench.peer_inputs import (  # noqa: E402
     routed_with_knobs,
 )
 
-ROWS = {name: {"staged_kernel": name} for name in ("staged", "kappa", "ws")}
-KERNELS = {name: (f"l1_{name}_kernel", f"l2_{name}_kernel") for name in ROWS}
+ROWS = {name: {"staged_kernel": name} for name in ("staged", "kappa_plain", "kappa", "ws")}
+KERNELS = {name: (f"l1_{family}_kernel", f"l2_{family}_kernel")
+           for name, family in (("staged", "staged"), ("kappa_plain", "kappa"), ("kappa", "kappa"), ("ws", "ws"))}
 GATHER_KERNEL = "gather_kappa_rows_kernel"
 SHAPE = (f"one EP8 rank of Kimi K3: {LOCAL_EXPERTS} of {GLOBAL_EXPERTS} experts MXFP4 (E8M0 per 32), top-{TOP_K} with "
          f"the other ranks' experts at -1, L={LATENT}, I={INTER}, SiTU beta={BETA} lin_beta={LIN_BETA}, z BF16")
-COLUMNS = ["M", "staged_us", "kappa_us", "ws_us", "kappa_speedup", "ws_speedup", "floor_us",
-           "staged_share_of_bf16_rate", "kappa_share_of_bf16_rate", "ws_share_of_bf16_rate", "staged_l1_us",
-           "kappa_l1_us", "ws_l1_us", "staged_l2_us", "kappa_l2_us", "ws_l2_us", "kappa_gather_us",
-           "ws_bitwise_staged", "staged_err", "kappa_err", "ws_err", "local_pairs", "hit_experts", "sets"]
+COLUMNS = ["M", "staged_us", "kappa_plain_us", "kappa_us", "ws_us", "kappa_speedup", "tiers_speedup", "ws_speedup",
+           "floor_us", "staged_share_of_bf16_rate", "kappa_plain_share_of_bf16_rate", "kappa_share_of_bf16_rate",
+           "ws_share_of_bf16_rate", "staged_l1_us", "kappa_plain_l1_us", "kappa_l1_us", "ws_l1_us", "staged_l2_us",
+           "kappa_plain_l2_us", "kappa_l2_us", "ws_l2_us", "kappa_gather_us", "ws_bitwise_staged", "staged_err",
+           "kappa_plain_err", "kappa_err", "ws_err", "local_pairs", "hit_experts", "sets"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,6 +104,7 @@ def timing_row(m: int, w: dict[str, torch.Tensor], gen: torch.Generator, ceiling
         row[f"{name}_us"] = medians[name] * 1e3
         row[f"{name}_share_of_bf16_rate"] = row["floor_us"] / row[f"{name}_us"]
     row["kappa_speedup"] = row["staged_us"] / row["kappa_us"]
+    row["tiers_speedup"] = row["kappa_plain_us"] / row["kappa_us"]
     row["ws_speedup"] = row["staged_us"] / row["ws_us"]
     return row
 
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     meta = {"shape": SHAPE, "environment": environment(),
             "bf16_tflops": round(ceilings["bf16_flop_per_s"] / 1e12, 1),
-            "rows": "lmf::routed_experts with the staged_kernel override staged, kappa, ws",
+            "rows": "lmf::routed_experts with the staged_kernel override staged, kappa_plain, kappa, ws",
             "floor": "routed FLOPs over the measured BF16 MMA rate"}
     write_results("prefill_kernels", rows, COLUMNS, meta, args.out)
     return 0

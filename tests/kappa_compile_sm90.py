@@ -46,14 +46,15 @@ def _attrs(sig: dict) -> dict:
             if t != "fp32" and n not in ("top_k", "num_tiles") and not t.startswith("tensordesc")}
 
 
-def compile_kappa(which: str) -> triton.compiler.CompiledKernel:
+def compile_kappa(which: str, tiers: bool = True) -> triton.compiler.CompiledKernel:
     from latent_moe_fusion.ops.routed.gluon import routed_kappa as rk
 
     fn = rk.l1_kappa_kernel if which == "l1" else rk.l2_kappa_kernel
     sig = dict(KAPPA_SIG[which], a_desc=ACT_BOX)
     attrs = _attrs(sig)
-    sig.update(BM="constexpr", num_warps="constexpr")
-    src = ast_source(fn, sig, {"BM": gk.STAGED_BLOCK_ROWS, "num_warps": gk.STAGED_WARPS}, attrs, gluon=True)
+    consts = {"BM": gk.STAGED_BLOCK_ROWS, "num_warps": gk.STAGED_WARPS, "TIERS": tiers}
+    sig.update(dict.fromkeys(consts, "constexpr"))
+    src = ast_source(fn, sig, consts, attrs, gluon=True)
     return triton.compile(src, target=SM90,
                           options={"num_warps": gk.STAGED_WARPS, "maxnreg": gk.STAGED_MAX_REGISTERS})
 
@@ -86,12 +87,21 @@ def compile_gather() -> triton.compiler.CompiledKernel:
     return triton.compile(src, target=SM90, options={"num_warps": 4})
 
 
-def full_rows_loop(sass: str) -> list[str]:
-    """Opcodes of the k loop of the 128-row MMA: of the loops with wgmma and without the epilogue's stores, the one
-    with the most instructions (the N = 128 path; the N = 64 path issues fewer copies and wgmma)."""
-    loops = [r for r in loop_ranges(sass) if any(o.startswith("HGMMA") for o in r)
-             and not any(o.startswith(("MUFU", "STG")) for o in r)]
-    return max(loops, key=len, default=[])
+def mma_loops(sass: str) -> list[list[str]]:
+    """Opcodes of the k loops of the 128-row MMA (one per tier of N): the loops with wgmma and without the
+    epilogue's stores."""
+    return [r for r in loop_ranges(sass) if any(o.startswith("HGMMA") for o in r)
+            and not any(o.startswith(("MUFU", "STG")) for o in r)]
+
+
+def step_counts(ops: list[str]) -> dict:
+    """Per k step of one loop (one TMA copy a step): the instructions the design fixes."""
+    hist = collections.Counter(op.split(".")[0] for op in ops)
+    steps = max(hist["UTMALDG"], 1)
+    return {"loop_instr": round(len(ops) / steps, 1),
+            **{k: round(hist[k] / steps, 2) for k in ("BAR", "HGMMA", "UTMALDG", "LDG", "STS", "HMUL2", "LDL",
+                                                       "LDGSTS", "WARPGROUP")},
+            "LDG_128": round(sum(o.startswith("LDG.E.128") for o in ops) / steps, 2)}
 
 
 def stats(family: str, which: str) -> dict:
@@ -100,14 +110,7 @@ def stats(family: str, which: str) -> dict:
     row = {"kernel": f"{which}_{family}_kernel", "registers": registers(kernel.asm["cubin"]), "spills": spills(sass),
            "shared_bytes": kernel.metadata.shared, "setmaxnreg": sass.count("USETMAXREG")}
     if family == "kappa":
-        ops = full_rows_loop(sass)
-        hist = collections.Counter(op.split(".")[0] for op in ops)
-        steps = hist["HGMMA"] / 8  # 8 wgmma (k 16 each) per 128-wide k step
-        row.update({"loop_instr": round(len(ops) / steps, 1),
-                    **{k: round(hist[k] / steps, 2) for k in ("BAR", "HGMMA", "UTMALDG", "LDG", "STS", "HMUL2",
-                                                               "LDL", "LDGSTS")},
-                    "LDG_128": round(sum(o.startswith("LDG.E.128") for o in ops) / steps, 2),
-                    "top": ", ".join(f"{k} {v}" for k, v in hist.most_common(8))})
+        row["loops"] = [step_counts(ops) for ops in mma_loops(sass)]
     return row
 
 

@@ -17,10 +17,10 @@ from tests.regs_gpu import KIMI_RANK, SM90_ONLY, SMALL, assert_replays_fresh_rou
 
 pytestmark = SM90_ONLY
 
-# Rows per expert: one 128-row block with up to 64 valid rows and more, two blocks (the second short), and experts
-# with none.
-EXPERT_ROWS = {32: (0, 5, 16, 17, 31, 32, 33, 40, 64, 65, 70, 100, 128, 129, 150, 200),
-               8: (5, 17, 33, 64, 0, 100, 129, 150)}
+# Rows per expert: one 128-row block at both edges of every MMA tier of the kappa kernels (N = 16, 32, 64, 64 + 16,
+# 64 + 32, 128 by valid rows), two blocks (the second short), and experts with none.
+EXPERT_ROWS = {32: (0, 5, 16, 17, 31, 32, 33, 40, 64, 65, 73, 80, 81, 96, 97, 100, 128, 129, 150, 200),
+               8: (5, 17, 33, 64, 0, 80, 96, 150)}
 
 
 def _problem(sizes: dict, m: int, routing: str):
@@ -33,7 +33,7 @@ def _run(p, tuned, rows: str) -> torch.Tensor:
     return run_experts(*p.routed_args(), out=out)
 
 
-KERNELS = ("kappa", "staged")
+KERNELS = ("kappa", "kappa_plain", "staged")
 CASES = [(SMALL, 300, "rows"), (SMALL, 600, "random"), (SMALL, 600, "few_experts"), (SMALL, 600, "one_expert"),
          (KIMI_RANK, 220, "rows"), (KIMI_RANK, 200, "random")]
 

@@ -68,7 +68,7 @@ BAD = [
     ("mxfp4_load_order", "soon", "mxfp4_load_order='soon': expected one of auto, early, late"),
     ("mxfp4_maxnreg", "300", "mxfp4_maxnreg='300': expected L1,L2 .* register count in 24 .. 255"),
     ("deepgemm_routed_layout", "maskd", "deepgemm_routed_layout='maskd': expected one of masked, contiguous"),
-    ("staged_kernel", "fast", r"staged_kernel='fast': expected one of kappa, staged, ws \(the kernels of the 128-row "
+    ("staged_kernel", "fast", r"staged_kernel='fast': expected one of kappa, kappa_plain, staged, ws \(the kernels of the 128-row "
                               r"prefill blocks\)"),
     ("w4a8_rows", "96", r"w4a8_rows='96': expected one of 64, 128 \(weight rows per W4A8 program\)"),
 ]

@@ -27,7 +27,7 @@ import triton
 
 from ..common.element_offsets import needs_int64_offsets
 from ..common.side_streams import side_stream
-from .gluon import launch_routed_l1, launch_routed_l1_fp8, launch_routed_l2, launch_routed_l2_fp8
+from .gluon import KAPPA_KERNELS, launch_routed_l1, launch_routed_l1_fp8, launch_routed_l2, launch_routed_l2_fp8
 from .kappa_path import launch_l1_kappa, launch_l2_kappa
 from .producer_config import ProducerConfig, interpreting
 from .routed_gemv import launch_routed_gemv
@@ -281,8 +281,9 @@ def launch_plan(
         sorted_pairs, block_expert = grouping.sorted_pairs, grouping.block_expert
         if plan.w4a8:
             launch_l1_w4a8(z, w13, w13_scale, sorted_pairs, block_expert, act, nb_max, top_k, beta, lin_beta)
-        elif plan.staged_kernel == "kappa":
-            launch_l1_kappa(z, w13, w13_scale, sorted_pairs, block_expert, act, nb_max, top_k, beta, lin_beta)
+        elif plan.staged_kernel in KAPPA_KERNELS:
+            launch_l1_kappa(z, w13, w13_scale, sorted_pairs, block_expert, act, nb_max, top_k, beta, lin_beta,
+                            plan.staged_kernel)
         elif cfg.routed_fp8[0]:
             launch_routed_l1_fp8(*launch_split_e4m3(z), w13, w13_scale, sorted_pairs, block_expert, act, nb_max, bm,
                                  top_k, beta, lin_beta)
@@ -293,8 +294,8 @@ def launch_plan(
             shared_as_library()
         if plan.w4a8:
             launch_l2_w4a8(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max)
-        elif plan.staged_kernel == "kappa":
-            launch_l2_kappa(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max)
+        elif plan.staged_kernel in KAPPA_KERNELS:
+            launch_l2_kappa(act, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max, plan.staged_kernel)
         elif cfg.routed_fp8[1]:
             parts = launch_split_e4m3(act[: nb_max * bm], sorted_pairs)
             launch_routed_l2_fp8(*parts, w2, w2_scale, sorted_pairs, block_expert, pairs, nb_max, bm)

@@ -1,4 +1,5 @@
-"""The launches of the kappa kernels, the default on the 128-row prefill blocks (routed plan: staged_kernel "kappa").
+"""The launches of the kappa kernels, the default on the 128-row prefill blocks (routed plan: staged_kernel "kappa",
+or "kappa_plain": the same kernels without the MMA tiers by valid rows).
 
 L1's activations are first gathered into block rows with each 128-wide column chunk in kappa order
 (triton/kappa_columns.py), then L1 (gluon/routed_kappa.py) reads them by TMA and writes act in the same column order,
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..common.mxfp4 import BLOCK as MXFP4_BLOCK
-from .gluon import STAGED_BLOCK_ROWS, STAGED_MAX_REGISTERS, STAGED_WARPS, activation_rows_descriptor
+from .gluon import KAPPA_KERNELS, STAGED_BLOCK_ROWS, STAGED_MAX_REGISTERS, STAGED_WARPS, activation_rows_descriptor
 from .triton.kappa_columns import KAPPA_CHUNK  # the TMA box's columns: one kappa chunk a k step
 
 
@@ -27,9 +28,18 @@ def _check_blocks(what: str, act: torch.Tensor, act_cols: int, sorted_pairs: tor
                          f"{sorted_pairs.numel()} and {block_expert.numel()} (the grouping's outputs for these blocks)")
 
 
+def _tiers(kernel: str) -> bool:
+    """The kernels' TIERS constexpr for staged_kernel `kernel`: the MMA's N by valid rows in tiers, or 64 / 128."""
+    if kernel not in KAPPA_KERNELS:
+        raise ValueError(f"the kappa launchers run staged_kernel {' or '.join(map(repr, KAPPA_KERNELS))}, got "
+                         f"{kernel!r}")
+    return kernel == "kappa"
+
+
 def launch_l1_kappa(
     z: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, sorted_pairs: torch.Tensor,
     block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, top_k: int, beta: float, lin_beta: float,
+    kernel: str = "kappa",
 ) -> None:
     """act[block rows, kappa columns] = bf16(SiTU(gate, up)) of every used 128-row block."""
     from .gluon.routed_kappa import l1_kappa_kernel
@@ -45,12 +55,13 @@ def launch_l1_kappa(
         words.stride(0), w13_scale.stride(0), float(beta), float(lin_beta),
         activation_rows_descriptor(z_rows, KAPPA_CHUNK),
         BM=STAGED_BLOCK_ROWS, num_warps=STAGED_WARPS, maxnreg=STAGED_MAX_REGISTERS,
+        TIERS=_tiers(kernel),
     )
 
 
 def launch_l2_kappa(
     act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, sorted_pairs: torch.Tensor,
-    block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int,
+    block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int, kernel: str = "kappa",
 ) -> None:
     """pairs[pair, :] = act[row] @ W2[e]^T in FP32 for every valid row, act in kappa column order (launch_l1_kappa)."""
     from .gluon.routed_kappa import l2_kappa_kernel
@@ -64,4 +75,5 @@ def launch_l2_kappa(
         words.stride(0), w2_scale.stride(0),
         activation_rows_descriptor(act[: num_blocks * STAGED_BLOCK_ROWS], KAPPA_CHUNK),
         BM=STAGED_BLOCK_ROWS, num_warps=STAGED_WARPS, maxnreg=STAGED_MAX_REGISTERS,
+        TIERS=_tiers(kernel),
     )

@@ -423,6 +423,7 @@ def _make_plan(
 # How the kernels of the 128-row blocks bring in their operands (the plan's rings line).
 BLOCK128_RINGS = {
     "kappa": "weight words by 16-byte loads one step ahead, activations by TMA (3 buffers), 128 registers",
+    "kappa_plain": "weight words by 16-byte loads one step ahead, activations by TMA (3 buffers), 128 registers",
     "staged": "weight words by a 4-stage TMA ring, activations by cp.async two steps ahead, 128 registers",
     "ws": "4-stage mbarrier rings between loader, dequantiser and MMA warps, one CTA per SM",
     "w4a8": "weight words by a 4-stage TMA ring, e4m3 activations by cp.async two steps ahead",

@@ -289,7 +289,10 @@ def _staged_descriptor(words: torch.Tensor, gated: bool):
     return step_descriptor(words, gated, 16 * STAGED_WARPS, STAGED_STEP_K)
 
 
-STAGED_KERNELS = ("kappa", "staged", "ws")
+# Both launched as a pair by routed/kappa_path.py: "kappa" runs the MMA with N by the block's valid rows in tiers
+# (16, 32, 64, 64 + 16, 64 + 32, 128), "kappa_plain" with N = 64 or 128 (docs/design/prefill.md, "MMA tiers").
+KAPPA_KERNELS = ("kappa", "kappa_plain")
+STAGED_KERNELS = (*KAPPA_KERNELS, "staged", "ws")
 STAGED_KERNEL_OVERRIDE = "staged_kernel"  # tuning override
 tuning.register(STAGED_KERNEL_OVERRIDE, tuning.choice(STAGED_KERNELS, "the kernels of the 128-row prefill blocks"))
 DEFAULT_STAGED_KERNEL = "kappa"
@@ -297,14 +300,16 @@ DEFAULT_STAGED_KERNEL = "kappa"
 STAGED_KERNEL_REASONS = {
     "kappa": "weights dequantised into the wgmma's register operand, activations in kappa order by TMA "
              "(1.11-1.17x the staged kernels on the H200 at M = 4096 .. 32768)",
+    "kappa_plain": "staged_kernel override: the kappa kernels with the MMA's N 64 or 128 only (no tiers by valid rows)",
     "staged": "staged_kernel override: weights dequantised into shared memory, both wgmma operands from there",
     "ws": "staged_kernel override: warp-specialised persistent form of the staged kernels (0.70-0.79x them)",
 }
 
 
 def staged_kernel() -> str:
-    """Which kernels run the 128-row blocks: "kappa" (routed_kappa.py, the default), "staged" (routed_staged.py)
-    or "ws" (routed_staged_ws.py); the staged_kernel tuning override picks."""
+    """Which kernels run the 128-row blocks: "kappa" (routed_kappa.py, the default) or "kappa_plain" (the same
+    without MMA tiers), "staged" (routed_staged.py) or "ws" (routed_staged_ws.py); the staged_kernel tuning override
+    picks."""
     return tuning.current().staged_kernel or DEFAULT_STAGED_KERNEL
 
 

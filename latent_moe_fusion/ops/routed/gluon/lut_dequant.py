@@ -196,11 +196,16 @@ def dequant_kappa(words, scales, BN: gl.constexpr, BK: gl.constexpr):
 
 
 @gluon.jit
-def dequant_mma(words, scales, buf, acc, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
-    """acc [BN, BM] += dequant_kappa(words, scales) @ buf^T: the dequantised tile straight from registers as
-    the wgmma's A operand (the conversion to its layout must be free: assert_trivial), the activation
-    tile buf [BM, BK] (kappa order) from shared memory."""
+def dequant_operand(words, scales, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
+    """dequant_kappa(words, scales) as the register A operand of a wgmma with N = BM (the conversion to its layout
+    must be free: assert_trivial)."""
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
-    a_reg = gl.convert_layout(dequant_kappa(words, scales.to(gl.int32), BN, BK), a_l, assert_trivial=True)
-    return warpgroup_mma(a_reg, buf.permute((1, 0)), acc)
+    return gl.convert_layout(dequant_kappa(words, scales.to(gl.int32), BN, BK), a_l, assert_trivial=True)
+
+
+@gluon.jit
+def dequant_mma(words, scales, buf, acc, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NW: gl.constexpr):
+    """acc [BN, BM] += dequant_kappa(words, scales) @ buf^T: the dequantised tile straight from registers as
+    the wgmma's A operand, the activation tile buf [BM, BK] (kappa order) from shared memory."""
+    return warpgroup_mma(dequant_operand(words, scales, BM, BN, BK, NW), buf.permute((1, 0)), acc)

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
 
 from ...common.triton_compat import cta_barrier
-from .lut_dequant import WINDOW_SCALE, dequant_mma, words_layout
+from .lut_dequant import WINDOW_SCALE, dequant_operand, words_layout
 from .routed_gemm import _program_tile, _valid_rows, store_pair_rows
 from .routed_staged import store_situ_rows
 
@@ -40,12 +40,38 @@ BK: gl.constexpr = gl.constexpr(128)  # k per step: kappa's span
 BUFFERS: gl.constexpr = gl.constexpr(3)  # activation buffers: step i's read while i + 1's and i + 2's copies fly
 
 
+@gluon.constexpr_function
+def _extra_cols(EXTRA):
+    """The second accumulator's columns: EXTRA, or a placeholder the compiler drops when there is none."""
+    return max(EXTRA, 16)
+
+
 @gluon.jit
-def _kappa_mainloop(w_ptrs, s_ptrs, a_desc, row0, K, BN: gl.constexpr, ROWS: gl.constexpr, NW: gl.constexpr):
-    """acc [BN, ROWS] = W_tile @ act^T over K (FP32, the 2^WINDOW offset undone). w_ptrs / s_ptrs: the words and
-    scale bytes of k = 0 in words_layout; a_desc: the activation rows in kappa order, [128, BK] boxes from row0
-    (a block with at most 64 valid rows runs N = 64 on the first half of each box)."""
+def _mma_rows(a, buf, acc, acc2, ROWS: gl.constexpr, EXTRA: gl.constexpr, NW: gl.constexpr):
+    """acc += a @ buf[:ROWS]^T and, for EXTRA rows more, acc2 += a @ buf[ROWS:ROWS + EXTRA]^T on the same register
+    fragment (tensor shapes are powers of two, so 80 and 96 rows run as 64 + 16 and 64 + 32)."""
+    rows = buf
+    if ROWS < 128:
+        rows = buf.slice(0, ROWS)
+    acc = warpgroup_mma(a, rows.permute((1, 0)), acc)
+    if EXTRA > 0:
+        mma_x: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                        instr_shape=[16, EXTRA, 16])
+        a_x: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_x, k_width=2)
+        acc2 = warpgroup_mma(gl.convert_layout(a, a_x, assert_trivial=True), buf.slice(ROWS, EXTRA).permute((1, 0)),
+                             acc2)
+    return acc, acc2
+
+
+@gluon.jit
+def _kappa_mainloop(w_ptrs, s_ptrs, a_desc, row0, K, BN: gl.constexpr, ROWS: gl.constexpr, EXTRA: gl.constexpr,
+                    NW: gl.constexpr):
+    """acc [BN, ROWS] (and acc2 [BN, EXTRA] for the rows after them) = W_tile @ act^T over K (FP32, the 2^WINDOW
+    offset undone). w_ptrs / s_ptrs: the words and scale bytes of k = 0 in words_layout; a_desc: the activation
+    rows in kappa order, [128, BK] boxes from row0 (a block with fewer valid rows multiplies only its first ones)."""
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, ROWS, 16])
+    XN: gl.constexpr = _extra_cols(EXTRA)
+    mma_x: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, XN, 16])
     acts = gl.allocate_shared_memory(a_desc.dtype, [BUFFERS] + a_desc.block_type.shape, a_desc.layout)
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
     ready = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], bar_l)
@@ -58,6 +84,7 @@ def _kappa_mainloop(w_ptrs, s_ptrs, a_desc, row0, K, BN: gl.constexpr, ROWS: gl.
     wd = gl.load(w_ptrs)
     sc = gl.load(s_ptrs)
     acc = gl.zeros([BN, ROWS], gl.float32, layout=mma_l)
+    acc2 = gl.zeros([BN, XN], gl.float32, layout=mma_x)
     for i in range(n_steps):
         k_nx = gl.minimum(i + 1, n_steps - 1) * BK  # the last step reloads its own
         wd_nx = gl.load(w_ptrs + k_nx // 8)
@@ -69,15 +96,13 @@ def _kappa_mainloop(w_ptrs, s_ptrs, a_desc, row0, K, BN: gl.constexpr, ROWS: gl.
         tma.async_copy_global_to_shared(a_desc, [row0, nx * BK], ready.index(nx % BUFFERS), acts.index(nx % BUFFERS),
                                         pred=nx < n_steps)
         mbarrier.wait(ready.index(i % BUFFERS), (i // BUFFERS) & 1)
-        buf = acts.index(i % BUFFERS)
-        if ROWS < 128:
-            buf = buf.slice(0, ROWS)
-        acc = dequant_mma(wd, sc, buf, acc, ROWS, BN, BK, NW)
+        a = dequant_operand(wd, sc, ROWS, BN, BK, NW)
+        acc, acc2 = _mma_rows(a, acts.index(i % BUFFERS), acc, acc2, ROWS, EXTRA, NW)
         wd = wd_nx
         sc = sc_nx
     for b in gl.static_range(BUFFERS):
         mbarrier.invalidate(ready.index(b))
-    return acc * _UNWINDOW
+    return acc * _UNWINDOW, acc2 * _UNWINDOW
 
 
 @gluon.jit
@@ -94,16 +119,58 @@ def _fragment_ptrs(w_ptr, s_ptr, expert, rows, row_words, row_scales, stride_we,
 
 
 @gluon.jit
-def _l1_rows(a_desc, w_ptrs, s_ptrs, act_ptr, row0, n0, inter, K, beta, lin_beta, ROWS: gl.constexpr,
-             NW: gl.constexpr):
+def _kappa_tile(a_desc, w_ptrs, s_ptrs, sorted_ptr, out_ptr, row0, n0, n_out, K, beta, lin_beta, GATED: gl.constexpr,
+                ROWS: gl.constexpr, EXTRA: gl.constexpr, NW: gl.constexpr):
+    """One tile's main loop and epilogue on rows row0 .. row0 + ROWS + EXTRA: L1 (GATED) writes act (n_out = I
+    columns, each at its kappa position), L2 the FP32 pair rows (n_out = L)."""
     BN: gl.constexpr = 16 * NW
-    acc = _kappa_mainloop(w_ptrs, s_ptrs, a_desc, row0, K, BN, ROWS, NW)
-    store_situ_rows(acc, act_ptr, row0, n0, inter, beta, lin_beta, ROWS, NW, KAPPA=True)
+    acc, acc2 = _kappa_mainloop(w_ptrs, s_ptrs, a_desc, row0, K, BN, ROWS, EXTRA, NW)
+    if GATED:
+        store_situ_rows(acc, out_ptr, row0, n0, n_out, beta, lin_beta, ROWS, NW, KAPPA=True)
+        if EXTRA > 0:
+            store_situ_rows(acc2, out_ptr, row0 + ROWS, n0, n_out, beta, lin_beta, EXTRA, NW, KAPPA=True)
+    else:
+        mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                        instr_shape=[16, ROWS, 16])
+        store_pair_rows(acc, out_ptr, sorted_ptr, row0, n0, n_out, mma_l, ROWS, BN)
+        if EXTRA > 0:
+            mma_x: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                            instr_shape=[16, EXTRA, 16])
+            store_pair_rows(acc2, out_ptr, sorted_ptr, row0 + ROWS, n0, n_out, mma_x, EXTRA, BN)
+
+
+@gluon.jit
+def _by_valid_rows(a_desc, w_ptrs, s_ptrs, sorted_ptr, out_ptr, row0, n0, n_out, K, beta, lin_beta,
+                   GATED: gl.constexpr, BM: gl.constexpr, NW: gl.constexpr, TIERS: gl.constexpr):
+    """The MMA's N from the block's valid rows (they come first): with TIERS 16, 32, 64, 64 + 16, 64 + 32 or 128
+    (an expert's ~73 rows at M = 4096 take 80 columns, not 128; the 18-row tails at 8192 take 32, not 64); without,
+    64 or 128."""
+    args = (a_desc, w_ptrs, s_ptrs, sorted_ptr, out_ptr, row0, n0, n_out, K, beta, lin_beta)  # constexprs apart
+    valid = _valid_rows(sorted_ptr, row0, BM, NW)
+    if TIERS:
+        if valid <= 16:
+            _kappa_tile(*args, GATED, 16, 0, NW)
+        elif valid <= 32:
+            _kappa_tile(*args, GATED, 32, 0, NW)
+        elif valid <= 64:
+            _kappa_tile(*args, GATED, 64, 0, NW)
+        elif valid <= 80:
+            _kappa_tile(*args, GATED, 64, 16, NW)
+        elif valid <= 96:
+            _kappa_tile(*args, GATED, 64, 32, NW)
+        else:
+            _kappa_tile(*args, GATED, BM, 0, NW)
+    else:
+        if valid <= BM // 2:
+            _kappa_tile(*args, GATED, BM // 2, 0, NW)
+        else:
+            _kappa_tile(*args, GATED, BM, 0, NW)
 
 
 @gluon.jit
 def l1_kappa_kernel(w_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, inter, K, row_words, row_scales, stride_we,
-                    stride_se, beta, lin_beta, a_desc, BM: gl.constexpr, num_warps: gl.constexpr):
+                    stride_se, beta, lin_beta, a_desc, BM: gl.constexpr, num_warps: gl.constexpr,
+                    TIERS: gl.constexpr):
     """act[block rows, kappa(n0 .. n0 + BN/2)] = bf16(SiTU(gate, up)) from the block rows of z in kappa order
     (triton/kappa_columns.gather_kappa_rows); one program per (block, BN/2 columns)."""
     NW: gl.constexpr = num_warps
@@ -115,25 +182,13 @@ def l1_kappa_kernel(w_ptr, s_ptr, sorted_ptr, block_expert_ptr, act_ptr, inter, 
         rows = gl.where(rn < HALF, n0 + rn, inter + n0 + rn - HALF)
         w_ptrs, s_ptrs = _fragment_ptrs(w_ptr, s_ptr, expert, rows, row_words, row_scales, stride_we, stride_se, BN,
                                         NW)
-        args = (a_desc, w_ptrs, s_ptrs, act_ptr, blk * BM, n0, inter, K, beta, lin_beta)
-        if _valid_rows(sorted_ptr, blk * BM, BM, NW) <= BM // 2:
-            _l1_rows(*args, BM // 2, NW)
-        else:
-            _l1_rows(*args, BM, NW)
-
-
-@gluon.jit
-def _l2_rows(a_desc, w_ptrs, s_ptrs, sorted_ptr, pairs_ptr, row0, n0, latent, K, ROWS: gl.constexpr,
-             NW: gl.constexpr):
-    BN: gl.constexpr = 16 * NW
-    acc = _kappa_mainloop(w_ptrs, s_ptrs, a_desc, row0, K, BN, ROWS, NW)
-    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, ROWS, 16])
-    store_pair_rows(acc, pairs_ptr, sorted_ptr, row0, n0, latent, mma_l, ROWS, BN)
+        _by_valid_rows(a_desc, w_ptrs, s_ptrs, sorted_ptr, act_ptr, blk * BM, n0, inter, K, beta, lin_beta, True, BM,
+                       NW, TIERS)
 
 
 @gluon.jit
 def l2_kappa_kernel(w_ptr, s_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, latent, K, row_words, row_scales, stride_we,
-                    stride_se, a_desc, BM: gl.constexpr, num_warps: gl.constexpr):
+                    stride_se, a_desc, BM: gl.constexpr, num_warps: gl.constexpr, TIERS: gl.constexpr):
     """pairs[pair of row, n0 .. n0 + BN] = act[row] @ W2^T (FP32) for the valid rows of each block; act in kappa
     order (as L1 wrote it)."""
     NW: gl.constexpr = num_warps
@@ -143,8 +198,5 @@ def l2_kappa_kernel(w_ptr, s_ptr, sorted_ptr, block_expert_ptr, pairs_ptr, laten
         rows = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, words_layout(BN, BK, NW)))
         w_ptrs, s_ptrs = _fragment_ptrs(w_ptr, s_ptr, expert, rows, row_words, row_scales, stride_we, stride_se, BN,
                                         NW)
-        args = (a_desc, w_ptrs, s_ptrs, sorted_ptr, pairs_ptr, blk * BM, n0, latent, K)
-        if _valid_rows(sorted_ptr, blk * BM, BM, NW) <= BM // 2:
-            _l2_rows(*args, BM // 2, NW)
-        else:
-            _l2_rows(*args, BM, NW)
+        _by_valid_rows(a_desc, w_ptrs, s_ptrs, sorted_ptr, pairs_ptr, blk * BM, n0, latent, K, 0.0, 0.0, False, BM,
+                       NW, TIERS)
