@@ -7,7 +7,7 @@ MoE as vLLM sets it up, the rest of the block compiled without the pass; it need
 One rank of Kimi K3 at TP8/EP8: 112 local MXFP4 experts of 896 (ids of other ranks' experts
 become -1), top-16, shared expert 768 wide (TP8's shard), R = 1 (no cross-rank traffic: this
 measures one rank's compute). Decode sizes run inside CUDA graphs with rotating inputs; prefill
-(M = 4096) runs without. The floor is the bytes the block must read once (router, down and up
+(M = 4096 to 32768) runs without. The floor is the bytes the block must read once (router, down and up
 projections, shared weights, the experts actually hit, activations) over the measured copy
 bandwidth, or its FLOPs over the measured BF16 rate, whichever is larger; at decode it is the mean
 over the rotating input sets the timing averages over (each routes to its own experts). The router
@@ -67,7 +67,7 @@ from latent_moe_fusion.fusion_pass import FusionConfig  # noqa: E402
 from latent_moe_fusion.model.router import ROUTER_GEMMS, localize_ids, route, route_from_logits, router_logits  # noqa: E402
 
 DECODE_M = (1, 8, 32, 128)
-PREFILL_M = (4096,)
+PREFILL_M = (4096, 8192, 16384, 32768)
 
 
 def block_parts_bytes_and_flops(block: lmf.KimiK3MoEBlock, x: torch.Tensor) -> dict[str, tuple[float, float]]:
@@ -187,7 +187,7 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="*", default=list(DECODE_M + PREFILL_M))
     ap.add_argument("--no-kernels", action="store_true", help="skip the per-kernel time breakdown")
     ap.add_argument("--name", default="block",
-                    help="results name: NAME.{json,md,png} and NAME_kernels.md (e.g. block_prefill for a prefill-only run)")
+                    help="results name: NAME.{json,md,png} and NAME_kernels.md (a run of a few M under its own name)")
     ap.add_argument("--router-gemm", choices=ROUTER_GEMMS, default="bf16",
                     help="the block's router GEMM (default bf16 with FP32 logits, as serving engines run it)")
     ap.add_argument("--triton-kernels", default=str(DEFAULT_TRITON_KERNELS),

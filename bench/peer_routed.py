@@ -18,7 +18,7 @@ bandwidth and FLOPs (2 * 3 * I * L per local pair) / measured BF16 MMA rate, the
 
     PYTHONPATH=. python bench/peer_routed.py --check              # correctness only, small M (first)
     PYTHONPATH=. python bench/peer_routed.py --out bench/results  # the timing table: peer_routed.{json,md}
-    PYTHONPATH=. python bench/peer_routed.py --out bench/results --m 4096 16384 32768 --name peer_routed_prefill
+    PYTHONPATH=. python bench/peer_routed.py --out /tmp/lmf --m 4096 --name peer_routed_4096  # a few M alone
     PYTHONPATH=. python bench/peer_routed.py --profile            # kernel by kernel: peer_routed_profile.{json,md}
 
 Without the triton_kernels source (default .peer/python/triton_kernels, or --triton-kernels PATH) it says how to get
@@ -70,7 +70,7 @@ from bench.peer_layout import (  # noqa: E402
     use_triton_kernels,
 )
 
-DEFAULT_M = (1, 8, 32, 128, 4096, 16384, 32768)
+DEFAULT_M = (1, 8, 32, 128, 4096, 8192, 16384, 32768)
 CHECK_M = (1, 8, 32, 128)
 PROFILE_M = (8, 4096)
 CHECK_TOLERANCE = 1e-2  # relative L2 against float64 (BF16 activations: ~3e-3 expected) and between the two sides
@@ -112,7 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="torch.profiler kernel table of ours and the peer (peer_routed_profile.md)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="peer_routed",
-                    help="results name of the timing table (e.g. peer_routed_prefill for a prefill-only run)")
+                    help="results name of the timing table (a run of a few M under its own name)")
     args = ap.parse_args(argv)
     if args.m is not None and any(m < 1 for m in args.m):
         ap.error("--m values must be >= 1")

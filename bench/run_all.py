@@ -29,9 +29,7 @@ BENCHMARKS = (
                             "swap_tma:32x64x256/w4/st4/s2", "swap_tma:64x64x128/w4/st6/s2"), None),  # alone vs cuBLAS
     # the block: one rank, then what its targets ask of each part (block.json; CPU), then over two GPUs
     ("block.py", (), None),
-    ("block.py", ("--m", "4096", "16384", "32768", "--name", "block_prefill"), None),  # prefill alone
     ("peer_routed.py", (), None),  # ours against triton_kernels' MXFP4 MoE as vLLM runs it (exits 0 if .peer is absent)
-    ("peer_routed.py", ("--m", "4096", "16384", "32768", "--name", "peer_routed_prefill"), None),  # prefill alone
     ("block_targets.py", (), None),
     ("block_tp.py", (), "gpus:2"),  # the block over two GPUs with NCCL (TP and SP), communication included
     ("block_tp.py", ("--world", "4"), "gpus:4"),  # and over four, eight (block_tp_4gpu.*, block_tp_8gpu.*)
