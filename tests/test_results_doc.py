@@ -130,28 +130,29 @@ def test_prefill_table_is_prefill_regs_json():
 
 def test_prefill_kernels_table_is_prefill_kernels_json():
     measured = rows_by("prefill_kernels", "M")
-    rows = table(DOC, "| M | staged us | kappa us | ws us |")
+    rows = table(DOC, "| M | staged us | kappa plain us | kappa us | ws us |")
     assert [int(r[0]) for r in rows] == sorted(measured)
     for cells in rows:
         r = measured[int(cells[0])]
-        shares = [100 * r[f"{k}_share_of_bf16_rate"] for k in ("staged", "kappa")]
-        check_cells(f"prefill kernels M = {cells[0]}", cells[1:11],
-                    [r["staged_us"], r["kappa_us"], r["ws_us"], r["kappa_speedup"], r["ws_speedup"], r["floor_us"],
-                     *shares, r["kappa_l1_us"], r["kappa_gather_us"]])
-        assert agrees(numbers(cells[9])[1], r["kappa_l2_us"]), cells
-        staged_l1, staged_l2 = numbers(cells[11])
-        assert agrees(staged_l1, r["staged_l1_us"]) and agrees(staged_l2, r["staged_l2_us"]), cells
+        shares = [100 * r[f"{k}_share_of_bf16_rate"] for k in ("staged", "kappa_plain", "kappa")]
+        check_cells(f"prefill kernels M = {cells[0]}", cells[1:16],
+                    [r["staged_us"], r["kappa_plain_us"], r["kappa_us"], r["ws_us"], r["kappa_speedup"],
+                     r["tiers_speedup"], r["ws_speedup"], r["floor_us"], *shares, r["kappa_plain_l1_us"],
+                     r["kappa_l1_us"], r["kappa_gather_us"], r["staged_l1_us"]])
+        for cell, l2 in ((cells[12], "kappa_plain_l2_us"), (cells[13], "kappa_l2_us"), (cells[15], "staged_l2_us")):
+            assert agrees(numbers(cell)[1], r[l2]), f"prefill kernels M = {cells[0]} {l2}: {cell}"
 
 
-def test_peer_prefill_table_is_peer_routed_prefill_json():
-    measured = rows_by("peer_routed_prefill", "M")
-    rows = table(DOC, "| M | local pairs | ours us | peer us | peer + hint us | floor us | ours / peer | ours x floor |")
+def test_peer_table_is_peer_routed_json():
+    """One table, every M of peer_routed.json: decode and prefill from one run."""
+    measured = rows_by("peer_routed", "M")
+    keys = ["local_pairs", "ours_us", "peer_us", "peer+hint_us", "grouped_mm_bf16_us", "floor_us",
+            "ours_speedup_vs_peer", "ours_x_floor", "peer_x_floor", "ours_err", "peer_err"]
+    rows = table(DOC, "| M | local pairs | ours us | peer us | peer + hint us | grouped_mm BF16 us |")
     assert [int(r[0]) for r in rows] == sorted(measured)
     for cells in rows:
         r = measured[int(cells[0])]
-        check_cells(f"peer prefill M = {cells[0]}", cells[1:],
-                    [r["local_pairs"], r["ours_us"], r["peer_us"], r["peer+hint_us"], r["floor_us"],
-                     r["ours_speedup_vs_peer"], r["ours_x_floor"], r["peer_x_floor"]])
+        check_cells(f"peer M = {cells[0]}", cells[1:], [r[k] for k in keys])
 
 
 def test_router_chain_table_is_route_json():
