@@ -11,7 +11,7 @@ One EP8 rank of Kimi K3 (bench/peer_inputs.py): 112 of 896 MXFP4 experts, top-16
   kappa_plain  the same kernels with N = 64 or 128 only;
   ws      routed_staged_ws.py: the staged kernels' work split over loader, dequantiser and MMA partitions handing
           mbarrier ring stages over, one persistent CTA per SM.
-Times: one CUDA graph per row over rotating input sets, replayed in alternating rounds
+Times: one CUDA graph per row over rotating input sets, replayed in 11 alternating rounds
 (bench/common.time_graphs_interleaved_ms), median per call; L1, L2 and the kappa gather's kernel times from the PyTorch
 profiler outside graphs. Floor: the routed FLOPs (2 x 3 x I x L per local pair) over the BF16 MMA rate measured in the
 same run. staged and ws must agree bit for bit (checked; the same MMAs in the same order); kappa sums in another k
@@ -99,7 +99,7 @@ def timing_row(m: int, w: dict[str, torch.Tensor], gen: torch.Generator, ceiling
         if name == "kappa":
             row["kappa_gather_us"] = gather
     steps = {name: (lambda i, fn=fn: fn(sets[i].z, sets[i].ids, sets[i].weights)) for name, fn in fns.items()}
-    medians = time_graphs_interleaved_ms(steps, len(sets), replays=4 if m <= 8192 else 2)
+    medians = time_graphs_interleaved_ms(steps, len(sets), rounds=11, replays=4 if m <= 8192 else 2)
     for name in fns:
         row[f"{name}_us"] = medians[name] * 1e3
         row[f"{name}_share_of_bf16_rate"] = row["floor_us"] / row[f"{name}_us"]
