@@ -11,6 +11,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -197,15 +198,18 @@ def time_graphs_interleaved_ms(steps: dict[str, Callable[[int], Any]], num_sets:
                                replays: int = 6, before_each: Callable[[], Any] | None = None) -> dict[str, float]:
     """time_graph_ms for several variants at once: one graph each, replayed in alternating rounds (each round
     `replays` replays of every graph in turn), so that clock, thermal and L2 drift hits every variant alike.
-    Each round starts one variant later: on the H200 the graph replayed after a lighter one ran 3-5 % faster
-    (power headroom; docs/design/measuring.md), so a fixed order favoured the variant after it.
+    Each round replays the variants in another order (a fixed shuffle per round): on the H200 the graph replayed
+    after a lighter one ran 3-5 % faster (power headroom; docs/design/measuring.md), so a fixed order, or a
+    rotation of it (the same neighbours), favoured the variant after the lightest.
     Median ms per call (replay time / num_sets) of each. before_each: called before each replay (a barrier
     across ranks, whose graphs' collectives must meet)."""
     graphs = {name: capture_graph(step, num_sets) for name, step in steps.items()}
     samples: dict[str, list[float]] = {name: [] for name in steps}
-    names = list(graphs)
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+    orders = random.Random(0)
+    for _ in range(rounds):
+        names = list(graphs)
+        orders.shuffle(names)
+        for name in names:
             graph = graphs[name]
             for _ in range(replays):
                 if before_each is not None:
