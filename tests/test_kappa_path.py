@@ -25,7 +25,7 @@ def test_the_plan_runs_the_kappa_kernels_on_the_128_row_blocks(monkeypatch):
     prefill = plan_routed(16384, 16, 112, 3584, 3072)
     assert prefill.family == "staged" and prefill.staged_kernel == "kappa"
     assert _decision(prefill, "staged_kernel").value == "kappa"
-    for other in ("staged", "ws"):
+    for other in ("kappa_plain", "staged", "ws"):
         assert plan_routed(16384, 16, 112, 3584, 3072, overrides={"staged_kernel": other}).staged_kernel == other
     decode = plan_routed(8, 16, 112, 3584, 3072)
     assert decode.staged_kernel is None and _decision(decode, "staged_kernel") is None
@@ -77,6 +77,12 @@ def test_the_launches_give_every_kernel_parameter_its_value(monkeypatch, rng_see
     assert torch.equal(rows[:STAGED_BLOCK_ROWS], to_kappa_columns(z[tokens]))
     assert a1["a_desc"].block_shape == [STAGED_BLOCK_ROWS, 128] == a2["a_desc"].block_shape
     assert a2["a_desc"].base.data_ptr() == act.data_ptr() and a2["a_desc"].base.shape == act.shape  # L1's act as is
+    assert a1["TIERS"] is True and a2["TIERS"] is True  # the default: the MMA's N by valid rows in tiers
+    kappa_path.launch_l1_kappa(z, w13, s13, sorted_pairs, block_expert, act, blocks, top_k, 4.0, 25.0, "kappa_plain")
+    kappa_path.launch_l2_kappa(act, w2, s2, sorted_pairs, block_expert, pairs, blocks, "kappa_plain")
+    assert l1.calls[1][1]["TIERS"] is False and l2.calls[1][1]["TIERS"] is False
+    with pytest.raises(ValueError, match="the kappa launchers run staged_kernel 'kappa' or 'kappa_plain', got 'ws'"):
+        kappa_path.launch_l2_kappa(act, w2, s2, sorted_pairs, block_expert, pairs, blocks, "ws")
 
 
 def test_the_launches_refuse_buffers_too_small_for_their_blocks(rng_seed):

@@ -20,8 +20,10 @@ kernels' traffic per MMA (docs/design/prefill.md, "The kappa kernels"). The sums
 kappa order in 16-wide MMA chunks: the staged kernels' values to FP32 rounding (rel. L2 ~1e-4), not their bits.
 
 L1: 128 weight rows, the gate rows n0 .. n0 + 64 then the same columns' up rows, SiTU in the epilogue. L2: 128 rows
-of W2, FP32 pair rows out. Both run the MMA with N = 64 on blocks with at most 64 valid rows; the wgmma is
-synchronous (the register operand would double its registers in flight), the two CTAs of an SM overlap each other.
+of W2, FP32 pair rows out. Both run the MMA's N by the block's valid rows (TIERS: 16, 32, 64, 64 + 16, 64 + 32 or
+128; else 64 or 128): a block's rows past its valid ones are never multiplied, and a column's sums do not depend on
+N. The wgmma is synchronous (asynchronous halves measured slower: docs/design/prefill.md), the two CTAs of an SM
+overlap each other.
 """
 
 from __future__ import annotations
