@@ -15,6 +15,7 @@ import triton
 from triton.experimental.gluon import language as gl
 
 from latent_moe_fusion.ops.routed import gluon as gk
+from latent_moe_fusion.ops.routed.gluon import staged_launch as sl
 from tests.offline_source import ast_source
 from tests.sm90_sass import SM90, loop_ranges, registers, sass_of, spills
 
@@ -68,8 +69,8 @@ def compile_ws(which: str) -> triton.compiler.CompiledKernel:
     if which == "l2":
         sig["a_desc"] = f"tensordesc<bf16[128, 64],{gl.NVMMASharedLayout(128, 16, rank=2)!r}>"
     attrs = _attrs(sig)
-    consts = {"STAGES": gk.WS_STAGES[i], "DEQUANT_WARPS": gk.WS_DEQUANT_WARPS[i],
-              "DEQUANT_REGS": gk.WS_DEQUANT_REGS[i], "num_warps": gk.STAGED_WARPS}
+    consts = {"STAGES": sl.WS_STAGES[i], "DEQUANT_WARPS": sl.WS_DEQUANT_WARPS[i],
+              "DEQUANT_REGS": sl.WS_DEQUANT_REGS[i], "num_warps": gk.STAGED_WARPS}
     sig.update(dict.fromkeys(consts, "constexpr"))
     src = ast_source(fn, sig, consts, attrs, gluon=True)
     return triton.compile(src, target=SM90, options={"num_warps": gk.STAGED_WARPS})

@@ -27,7 +27,7 @@ L2_SIG = {"act_ptr": "*bf16", "s_ptr": "*u8", "sorted_ptr": "*i32", "block_exper
 
 
 def compile_sm90(which: str) -> triton.compiler.CompiledKernel:
-    """The staged L1 or L2 as the launcher compiles it (routed.gluon._launch_staged_l1 / _l2)."""
+    """The staged L1 or L2 as the launcher compiles it (routed.gluon.staged_launch.launch_staged_l1 / _l2)."""
     from triton.experimental.gluon import language as gl
 
     from latent_moe_fusion.ops.routed.gluon import routed_staged as rs

@@ -27,7 +27,8 @@ BLOCK_ROWS = (16, 32, 64, 128)  # rows per expert block the kernels take (the MM
 # _valid_rows). 64-row blocks serve beyond decode: each block dequantises its weights once for twice the rows.
 # 128-row blocks run the kappa kernels (routed_kappa.py: weights dequantised into the wgmma's register operand,
 # activations in kappa order by TMA) or, under the staged_kernel override, the staged kernels (routed_staged.py:
-# weights dequantised into shared memory) or their warp-specialised form; N = 64 on blocks with at most 64 valid rows.
+# weights dequantised into shared memory) or their warp-specialised form (their launches: staged_launch.py); each
+# picks the MMA's N by the block's valid rows.
 STAGED_BLOCK_ROWS = 128
 STAGED_WARPS = 8  # two warp groups, 128 weight rows per program (L1: 64 gate + 64 up columns)
 STAGED_STEP_K = 64
@@ -284,11 +285,6 @@ def activation_rows_descriptor(rows: torch.Tensor, box_cols: int):
     return TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [STAGED_BLOCK_ROWS, box_cols], layout)
 
 
-def _staged_descriptor(words: torch.Tensor, gated: bool):
-    """The staged kernels' step_descriptor: 128 weight rows (L1: 64 gate + 64 up), 64-wide k steps."""
-    return step_descriptor(words, gated, 16 * STAGED_WARPS, STAGED_STEP_K)
-
-
 # Both launched as a pair by routed/kappa_path.py: "kappa" runs the MMA with N by the block's valid rows in tiers
 # (16, 32, 64, 64 + 16, 64 + 32, 128), "kappa_plain" with N = 64 or 128 (docs/design/prefill.md, "MMA tiers").
 KAPPA_KERNELS = ("kappa", "kappa_plain")
@@ -314,96 +310,6 @@ def staged_kernel() -> str:
     return tuning.current().staged_kernel or DEFAULT_STAGED_KERNEL
 
 
-# The warp-specialised kernels' ring stages, dequantiser warps and their registers (L1, L2).
-WS_STAGES = (4, 4)
-WS_DEQUANT_WARPS = (4, 4)
-WS_DEQUANT_REGS = (152, 152)
-
-
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _launch_ws_l1(
-    z: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, sorted_pairs: torch.Tensor,
-    block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, top_k: int, beta: float, lin_beta: float,
-) -> None:
-    from .routed_staged_ws import l1_ws_kernel
-
-    latent, inter = z.shape[1], w13.shape[1] // 2
-    num_tiles = num_blocks * (inter // (8 * STAGED_WARPS))
-    l1_ws_kernel[(min(num_tiles, _sm_count(z.device)),)](
-        z, w13_scale, sorted_pairs, block_expert, act, inter, latent, latent // MXFP4_BLOCK, top_k,
-        w13_scale.stride(0), float(beta), float(lin_beta), num_tiles,
-        _staged_descriptor(w13.view(torch.int32), gated=True), STAGES=WS_STAGES[0], DEQUANT_WARPS=WS_DEQUANT_WARPS[0],
-        DEQUANT_REGS=WS_DEQUANT_REGS[0], num_warps=STAGED_WARPS,
-    )
-
-
-def _launch_ws_l2(
-    act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, sorted_pairs: torch.Tensor,
-    block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int,
-) -> None:
-    from .routed_staged_ws import l2_ws_kernel
-
-    latent, inter = w2.shape[1], act.shape[1]
-    num_tiles = num_blocks * (latent // (16 * STAGED_WARPS))
-    a_desc = activation_rows_descriptor(act[: num_blocks * STAGED_BLOCK_ROWS], STAGED_STEP_K)
-    l2_ws_kernel[(min(num_tiles, _sm_count(act.device)),)](
-        w2_scale, sorted_pairs, block_expert, pairs, latent, inter, inter // MXFP4_BLOCK, w2_scale.stride(0),
-        num_tiles, _staged_descriptor(w2.view(torch.int32), gated=False), a_desc, STAGES=WS_STAGES[1],
-        DEQUANT_WARPS=WS_DEQUANT_WARPS[1], DEQUANT_REGS=WS_DEQUANT_REGS[1], num_warps=STAGED_WARPS,
-    )
-
-
-def _check_staged_kernel(kernel: str) -> None:
-    """The launchers here run the staged kernels and their warp-specialised form; the kappa kernels write act in
-    their own column order, so their L1 and L2 launch as a pair from routed/kappa_path.py."""
-    if kernel not in ("staged", "ws"):
-        raise ValueError(f"the {STAGED_BLOCK_ROWS}-row launchers here run staged_kernel 'staged' or 'ws', got "
-                         f"{kernel!r}: the kappa kernels launch as a pair from kappa_path.launch_l1_kappa / "
-                         "launch_l2_kappa (expert_schedule.launch_plan does so); pass staged='staged' or 'ws'")
-
-
-def _launch_staged_l1(
-    z: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, sorted_pairs: torch.Tensor,
-    block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, top_k: int, beta: float, lin_beta: float,
-    kernel: str,
-) -> None:
-    _check_staged_kernel(kernel)
-    if kernel == "ws":
-        _launch_ws_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, num_blocks, top_k, beta, lin_beta)
-        return
-    from .routed_staged import l1_staged_kernel
-
-    latent, inter = z.shape[1], w13.shape[1] // 2
-    grid = (num_blocks * (inter // (8 * STAGED_WARPS)),)
-    l1_staged_kernel[grid](
-        z, w13_scale, sorted_pairs, block_expert, act, inter, latent, latent // MXFP4_BLOCK, top_k,
-        w13_scale.stride(0), float(beta), float(lin_beta), _staged_descriptor(w13.view(torch.int32), gated=True),
-        BM=STAGED_BLOCK_ROWS, num_warps=STAGED_WARPS, maxnreg=STAGED_MAX_REGISTERS,
-    )
-
-
-def _launch_staged_l2(
-    act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, sorted_pairs: torch.Tensor,
-    block_expert: torch.Tensor, pairs: torch.Tensor, num_blocks: int, kernel: str,
-) -> None:
-    _check_staged_kernel(kernel)
-    if kernel == "ws":
-        _launch_ws_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, num_blocks)
-        return
-    from .routed_staged import l2_staged_kernel
-
-    latent, inter = w2.shape[1], act.shape[1]
-    grid = (num_blocks * (latent // (16 * STAGED_WARPS)),)
-    l2_staged_kernel[grid](
-        act, w2_scale, sorted_pairs, block_expert, pairs, latent, inter, inter // MXFP4_BLOCK, w2_scale.stride(0),
-        _staged_descriptor(w2.view(torch.int32), gated=False), BM=STAGED_BLOCK_ROWS, num_warps=STAGED_WARPS,
-        maxnreg=STAGED_MAX_REGISTERS,
-    )
-
-
 def launch_routed_l1(
     z: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, sorted_pairs: torch.Tensor,
     block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, block_m: int, top_k: int, beta: float,
@@ -423,8 +329,10 @@ def launch_routed_l1(
         if split != 1 or signal:
             raise ValueError(f"{STAGED_BLOCK_ROWS}-row blocks run whole K without programmatic dependents "
                              f"(split = {split}, signal = {signal}): K slices and PDL are for decode blocks")
-        _launch_staged_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, num_blocks, top_k, beta, lin_beta,
-                          staged or staged_kernel())
+        from .staged_launch import launch_staged_l1
+
+        launch_staged_l1(z, w13, w13_scale, sorted_pairs, block_expert, act, num_blocks, top_k, beta, lin_beta,
+                         staged or staged_kernel())
         return
 
     latent = z.shape[1]
@@ -464,7 +372,9 @@ def launch_routed_l2(
         if dependent or pairs.dim() == 3:
             raise ValueError(f"{STAGED_BLOCK_ROWS}-row blocks run whole K as an ordinary launch (dependent = "
                              f"{dependent}, pairs {tuple(pairs.shape)}): K slices and PDL are for decode blocks")
-        _launch_staged_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, num_blocks, staged or staged_kernel())
+        from .staged_launch import launch_staged_l2
+
+        launch_staged_l2(act, w2, w2_scale, sorted_pairs, block_expert, pairs, num_blocks, staged or staged_kernel())
         return
 
     latent = w2.shape[1]
