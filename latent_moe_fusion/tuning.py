@@ -228,7 +228,7 @@ class TuningOverrides:
         "Which kernels run the 128-row prefill blocks of MXFP4 experts on sm_90 (BF16 activations): `kappa` (the "
         "weights dequantised into the wgmma's register operand, the activations in kappa order by TMA, L1's rows "
         "gathered first; the MMA's N by each block's valid rows: 16, 32, 64, 64 + 16, 64 + 32 or 128), "
-        "`kappa_plain` (the same with N = 64 or 128 only; 0.94x `kappa` at M = 4096, within 3 % beyond), `staged` "
+        "`kappa_plain` (the same with N = 64 or 128 only; 0.94x `kappa` at M = 4096, within 3.5 % beyond), `staged` "
         "(the weights dequantised into shared memory, both operands from there) or `ws` (the staged kernels "
         "warp-specialised and persistent: loader, dequantiser and MMA warps over mbarrier rings; 0.70-0.83x "
         "`staged`). `staged` and `ws` give the same bits, `kappa` and `kappa_plain` too; the kappa kernels sum k "
