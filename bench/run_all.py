@@ -57,6 +57,7 @@ BENCHMARKS = (
     ("w4a8_numerics.py", (), None),
     ("w4a8_routed.py", (), None),  # the opt-in W4A8 prefill path against the default, M = 4096 .. 32768
     ("prefill_kernels.py", (), None),  # the kernels of the 128-row blocks: staged, kappa (default), warp-specialised
+    ("prefill_profile.py", (), None),  # their hardware counters and stall reasons (Nsight Compute)
     # the same at prefill: which kernels run beside which (none do at M = 4096)
     ("graph_timeline.py", ("--m", "4096", "--fused-knobs", "pdl_sites=none", "--name", "graph_timeline_prefill"), None),
     ("host_gaps.py", (), None),
