@@ -81,11 +81,11 @@ def compile_gather() -> triton.compiler.CompiledKernel:
     from latent_moe_fusion.ops.routed.triton import kappa_columns as kc
 
     sig = {"x_ptr": "*bf16", "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "out_ptr": "*bf16", "rows": "i32",
-           "n": "i32", "top_k": "i32", "ROWS": "constexpr", "BLOCK_ROWS": "constexpr"}
+           "n": "i32", "top_k": "i32", "ROWS": "constexpr", "BLOCK_ROWS": "constexpr", "CHUNKS": "constexpr"}
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(6)}
-    src = ast_source(kc.gather_kappa_rows_kernel, sig, {"ROWS": kc.ROWS_PER_PROGRAM, "BLOCK_ROWS": gk.STAGED_BLOCK_ROWS},
-                     attrs)
-    return triton.compile(src, target=SM90, options={"num_warps": 4})
+    consts = {"ROWS": kc.ROWS_PER_GROUP, "BLOCK_ROWS": gk.STAGED_BLOCK_ROWS, "CHUNKS": kc.CHUNKS_PER_STEP}
+    src = ast_source(kc.gather_kappa_rows_kernel, sig, consts, attrs)
+    return triton.compile(src, target=SM90, options={"num_warps": kc.WARPS})
 
 
 def mma_loops(sass: str) -> list[list[str]]:

@@ -30,7 +30,9 @@ def test_to_kappa_columns_puts_column_k_at_its_position():
     assert torch.equal(y[:, kappa_positions(256)], x)
 
 
-@pytest.mark.parametrize("block_expert", [[3], [0, 2, -1], [1, -1, -1, -1]])
+# unused blocks after the used ones (as the grouping lays them out) and between them; more row groups than the
+# interpreter's programs, so that each program strides over several
+@pytest.mark.parametrize("block_expert", [[3], [0, 2, -1], [1, -1, -1, -1], [2, -1, 0, 1, -1, 3, 0]])
 def test_gather_kappa_rows_takes_each_rows_token(block_expert, rng_seed):
     top_k, tokens, block_rows = 2, 6, 32
     blocks = torch.tensor(block_expert, dtype=torch.int32)
@@ -46,14 +48,14 @@ def test_gather_kappa_rows_takes_each_rows_token(block_expert, rng_seed):
 
 def test_gather_kappa_rows_rejects_what_it_cannot_take():
     one = torch.zeros(1, dtype=torch.int32)
-    pairs16 = torch.zeros(16, dtype=torch.int32)
+    pairs32 = torch.zeros(32, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"n a multiple of 128, got shape \(4, 200\)"):
-        gather_kappa_rows(torch.randn(4, 200), pairs16, one, 16, 1)
+        gather_kappa_rows(torch.randn(4, 200), pairs32, one, 32, 1)
     with pytest.raises(ValueError, match=r"n a multiple of 128, got shape \(512,\)"):
-        gather_kappa_rows(torch.randn(512), pairs16, one, 16, 1)
+        gather_kappa_rows(torch.randn(512), pairs32, one, 32, 1)
     with pytest.raises(ValueError, match=r"x must be contiguous \(pass x.contiguous\(\)\)"):
-        gather_kappa_rows(torch.randn(256, 4).t(), pairs16, one, 16, 1)
-    with pytest.raises(ValueError, match="need 16 sorted pairs, got 8"):
-        gather_kappa_rows(torch.randn(4, 128), torch.zeros(8, dtype=torch.int32), one, 16, 1)
-    with pytest.raises(ValueError, match="block_rows must be a multiple of 16, got 24"):
-        gather_kappa_rows(torch.randn(4, 128), torch.zeros(24, dtype=torch.int32), one, 24, 1)
+        gather_kappa_rows(torch.randn(256, 4).t(), pairs32, one, 32, 1)
+    with pytest.raises(ValueError, match="need 32 sorted pairs, got 8"):
+        gather_kappa_rows(torch.randn(4, 128), torch.zeros(8, dtype=torch.int32), one, 32, 1)
+    with pytest.raises(ValueError, match="block_rows must be a multiple of 32, got 48"):
+        gather_kappa_rows(torch.randn(4, 128), torch.zeros(48, dtype=torch.int32), one, 48, 1)

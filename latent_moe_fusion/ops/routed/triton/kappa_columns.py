@@ -4,17 +4,35 @@
 gather_kappa_rows: out row r holds the row of sorted pair r's token (the rows of the expert blocks, so that L1 can
 read them by TMA as L2 reads its act rows); padding pairs read token 0 (L1 writes act rows for them that L2 computes
 with, but the combine never reads their pair rows) and the rows of unused blocks (expert -1) are left unwritten (no
-kernel reads them). kappa_positions and to_kappa_columns are the permutation's definitions on the host. One program per (16 rows of one block, 128
-columns): each row's 256 bytes loaded in k order, permuted in registers, stored in one piece."""
+kernel reads them). kappa_positions and to_kappa_columns are the permutation's definitions on the host. A few
+persistent programs per SM stride over the rows in groups of 32 (one block's), every column of a group, each row's
+256 bytes of a chunk loaded in k order, permuted in registers, stored in one piece."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 KAPPA_CHUNK = 128  # kappa permutes k within 128-wide chunks (lut_dequant.py: one 128-wide register-kernel step)
-ROWS_PER_PROGRAM = 16
+ROWS_PER_GROUP = 32
+CHUNKS_PER_STEP = 1
+WARPS = 4
+# Programs per SM of the persistent gather. One program per (16 rows, 128 columns) of every allocated block (the
+# host's bound, ~4x the used rows) took 89 / 317 / 645 us at M = 4096 / 16384 / 32768 on the H200 (latency-bound:
+# most programs only read their block's expert and exit); 8 persistent programs per SM over 32-row groups, 43 / 136 /
+# 250 us, at the copy rate (docs/design/prefill.md).
+PROGRAMS_PER_SM = 8
+INTERPRETER_PROGRAMS = 4  # on the CPU: enough to run the grid-stride loop more than once
+
+
+@functools.cache
+def _programs(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_PROGRAMS
+    return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def kappa_positions(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -35,41 +53,44 @@ def to_kappa_columns(x: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def gather_kappa_rows_kernel(x_ptr, sorted_ptr, block_expert_ptr, out_ptr, rows, n, top_k, ROWS: tl.constexpr,
-                             BLOCK_ROWS: tl.constexpr):
-    row0 = tl.program_id(0) * ROWS
-    if tl.load(block_expert_ptr + row0 // BLOCK_ROWS) < 0:  # an unused block: nobody reads its rows
-        return
-    r = row0 + tl.arange(0, ROWS)
-    c0 = tl.program_id(1) * 128
-    live = r < rows  # always true where block_rows is a multiple of ROWS (the wrapper checks); kept for safety
-    pair = tl.load(sorted_ptr + r, mask=live, other=0)
-    src = tl.where(pair >= 0, pair // top_k, 0).to(tl.int64)
-    k = tl.arange(0, 128)
-    x = tl.load(x_ptr + src[:, None] * n + c0 + k[None, :], mask=live[:, None])
-    # k = 32q + 8w + 4e + 2h + c0  ->  kappa = 32w + 16c0 + 8h + 2q + e
-    x = tl.permute(tl.reshape(x, [ROWS, 4, 4, 2, 2, 2]), [0, 2, 5, 4, 1, 3])  # (r, q, w, e, h, c0) -> (r, w, c0, h, q, e)
-    tl.store(out_ptr + r[:, None].to(tl.int64) * n + c0 + k[None, :], tl.reshape(x, [ROWS, 128]), mask=live[:, None])
+                             BLOCK_ROWS: tl.constexpr, CHUNKS: tl.constexpr):
+    """Persistent: each program strides over the groups of ROWS rows (an unused block's group costs one load) and
+    moves every column of a group, CHUNKS 128-wide chunks a step: each row's bytes loaded in k order, permuted in
+    registers, stored in one piece."""
+    k = tl.arange(0, 128 * CHUNKS)
+    for g in range(tl.program_id(0), rows // ROWS, tl.num_programs(0)):
+        row0 = g * ROWS
+        if tl.load(block_expert_ptr + row0 // BLOCK_ROWS) >= 0:
+            r = row0 + tl.arange(0, ROWS)
+            pair = tl.load(sorted_ptr + r)
+            src = tl.where(pair >= 0, pair // top_k, 0).to(tl.int64)
+            src_row = x_ptr + src[:, None] * n
+            dst_row = out_ptr + r[:, None].to(tl.int64) * n
+            for c0 in range(0, n, 128 * CHUNKS):
+                x = tl.load(src_row + c0 + k[None, :])
+                x = tl.permute(tl.reshape(x, [ROWS, CHUNKS, 4, 4, 2, 2, 2]), [0, 1, 3, 6, 5, 2, 4])
+                tl.store(dst_row + c0 + k[None, :], tl.reshape(x, [ROWS, 128 * CHUNKS]))
 
 
 def gather_kappa_rows(x: torch.Tensor, sorted_pairs: torch.Tensor, block_expert: torch.Tensor, block_rows: int,
                       top_k: int) -> torch.Tensor:
     """[blocks x block_rows, n]: row r is x[sorted_pairs[r] // top_k] (token 0 where the pair is -1) with each
     128-wide column chunk in kappa order; the rows of blocks whose expert is -1 unwritten. x: contiguous [tokens, n],
-    n a multiple of 128; block_rows a multiple of 16."""
+    n a multiple of 128; block_rows a multiple of 32."""
     rows = block_expert.numel() * block_rows
     if x.dim() != 2 or x.shape[1] % KAPPA_CHUNK:
         raise ValueError(f"gather_kappa_rows: x must be [tokens, n] with n a multiple of {KAPPA_CHUNK}, got shape "
                          f"{tuple(x.shape)}")
     if not x.is_contiguous():
         raise ValueError(f"gather_kappa_rows: x must be contiguous (pass x.contiguous()), got strides {x.stride()}")
-    if block_rows % ROWS_PER_PROGRAM:
-        raise ValueError(f"gather_kappa_rows: block_rows must be a multiple of {ROWS_PER_PROGRAM}, got {block_rows}")
+    if block_rows % ROWS_PER_GROUP:
+        raise ValueError(f"gather_kappa_rows: block_rows must be a multiple of {ROWS_PER_GROUP}, got {block_rows}")
     if sorted_pairs.numel() < rows:
         raise ValueError(f"gather_kappa_rows: {block_expert.numel()} blocks of {block_rows} rows need {rows} sorted "
                          f"pairs, got {sorted_pairs.numel()}")
     n = x.shape[1]
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(rows, ROWS_PER_PROGRAM), n // KAPPA_CHUNK)
-    gather_kappa_rows_kernel[grid](x, sorted_pairs, block_expert, out, rows, n, top_k, ROWS=ROWS_PER_PROGRAM,
-                                   BLOCK_ROWS=block_rows)
+    grid = (max(1, min(rows // ROWS_PER_GROUP, _programs(x.device))),)
+    gather_kappa_rows_kernel[grid](x, sorted_pairs, block_expert, out, rows, n, top_k, ROWS=ROWS_PER_GROUP,
+                                   BLOCK_ROWS=block_rows, CHUNKS=CHUNKS_PER_STEP, num_warps=WARPS)
     return out
