@@ -224,13 +224,13 @@ class TuningOverrides:
         "ops/routed/gluon/__init__.py")
     staged_kernel: str | None = _knob(
         "`kappa`, `kappa_plain`, `staged`, `ws`",
-        "`kappa` (1.17-1.31x `staged` on the routed op at M = 4096 .. 32768 on the H200).",
+        "`kappa` (1.24-1.33x `staged` on the routed op at M = 4096 .. 32768 on the H200).",
         "Which kernels run the 128-row prefill blocks of MXFP4 experts on sm_90 (BF16 activations): `kappa` (the "
         "weights dequantised into the wgmma's register operand, the activations in kappa order by TMA, L1's rows "
         "gathered first; the MMA's N by each block's valid rows: 16, 32, 64, 64 + 16, 64 + 32 or 128), "
-        "`kappa_plain` (the same with N = 64 or 128 only; 0.94x `kappa` at M = 4096, within 3.5 % beyond), `staged` "
+        "`kappa_plain` (the same with N = 64 or 128 only; 0.92x `kappa` at M = 4096, within 2 % beyond), `staged` "
         "(the weights dequantised into shared memory, both operands from there) or `ws` (the staged kernels "
-        "warp-specialised and persistent: loader, dequantiser and MMA warps over mbarrier rings; 0.70-0.83x "
+        "warp-specialised and persistent: loader, dequantiser and MMA warps over mbarrier rings; 0.78-0.84x "
         "`staged`). `staged` and `ws` give the same bits, `kappa` and `kappa_plain` too; the kappa kernels sum k "
         "in another order (rel. L2 ~1e-4 from the staged ones).",
         "ops/routed/gluon/__init__.py")

@@ -295,11 +295,11 @@ DEFAULT_STAGED_KERNEL = "kappa"
 # What the plan prints for each (routed_plan: the staged_kernel decision); docs/design/prefill.md has the numbers.
 STAGED_KERNEL_REASONS = {
     "kappa": "weights dequantised into the wgmma's register operand, activations in kappa order by TMA "
-             "(1.17-1.31x the staged kernels on the H200 at M = 4096 .. 32768), the MMA's N by each block's valid "
+             "(1.24-1.33x the staged kernels on the H200 at M = 4096 .. 32768), the MMA's N by each block's valid "
              "rows in tiers (16, 32, 64, 64 + 16, 64 + 32, 128)",
     "kappa_plain": "staged_kernel override: the kappa kernels with the MMA's N 64 or 128 only (no tiers by valid rows)",
     "staged": "staged_kernel override: weights dequantised into shared memory, both wgmma operands from there",
-    "ws": "staged_kernel override: warp-specialised persistent form of the staged kernels (0.70-0.83x them)",
+    "ws": "staged_kernel override: warp-specialised persistent form of the staged kernels (0.78-0.84x them)",
 }
 
 
