@@ -1,7 +1,8 @@
-"""The CUDA device's compute capability, read once per device.
+"""The CUDA device's compute capability and SM count, read once per device.
 
-Backend availability checks run on every op call; `torch.cuda.get_device_capability` reads the device's
-properties each time, and a device's capability never changes.
+Backend availability checks run on every op call and persistent launches size their grids by the SM count;
+`torch.cuda.get_device_capability` / `get_device_properties` read the device's properties each time, and neither
+figure ever changes.
 """
 
 from __future__ import annotations
@@ -22,3 +23,13 @@ def current_capability() -> tuple[int, int] | None:
     if not torch.cuda.is_available():
         return None
     return capability(torch.cuda.current_device())
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of CUDA device `device` (its index, or the current device's)."""
+    return _sm_count(torch.cuda.current_device() if device.index is None else device.index)

@@ -45,6 +45,7 @@ import torch.distributed as dist
 
 from latent_moe_fusion import envs
 
+from .device_capability import sm_count
 from .fragment_layouts import resolve_group
 from .measured_tables import load_table
 
@@ -371,7 +372,7 @@ def prepare_symmetric_exchange(group: dist.ProcessGroup | str | None = None, max
             enable(group.group_name)
     handle = symm_mem.rendezvous(buffer, group.group_name)
     # The kernel's grid must be the same on every rank: the fewest SMs of the group's GPUs.
-    programs = _agree_min(torch.cuda.get_device_properties(device).multi_processor_count, group, device)
+    programs = _agree_min(sm_count(device), group, device)
     exchange = SymmetricExchange(group.group_name, world, rank, device, max_tokens, hidden,
                                  "on" if agreed == _CODES["on"] else "auto", buffer, handle, fragment_bytes,
                                  output_bytes, method=METHODS[method], max_programs=min(programs, MAX_PROGRAMS))

@@ -31,6 +31,7 @@ import torch
 
 from latent_moe_fusion import envs, tuning
 
+from ..device_capability import sm_count
 from ..element_offsets import needs_int64_offsets
 from ..pdl import use_pdl
 from .tail_gemm_configs import BF16_TABLE, FP32_TABLE, TailConfig, pick_config
@@ -45,7 +46,6 @@ except Exception as exc:  # pragma: no cover - depends on the installation
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _COUNTER_SLOTS = 1 << 14
-_NUM_SMS: dict[torch.device, int] = {}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -59,9 +59,7 @@ def _interpreting() -> bool:
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 132
-    if device not in _NUM_SMS:
-        _NUM_SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _NUM_SMS[device]
+    return sm_count(device)
 
 
 # Split-K arrival counters are shared by every launch on a device, so two split-K launches must never run at

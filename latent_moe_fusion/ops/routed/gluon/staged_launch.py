@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ...common.device_capability import sm_count
 from ...common.mxfp4 import BLOCK as MXFP4_BLOCK
 from . import (
     STAGED_BLOCK_ROWS,
@@ -29,10 +30,6 @@ WS_DEQUANT_WARPS = (4, 4)
 WS_DEQUANT_REGS = (152, 152)
 
 
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _launch_ws_l1(
     z: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, sorted_pairs: torch.Tensor,
     block_expert: torch.Tensor, act: torch.Tensor, num_blocks: int, top_k: int, beta: float, lin_beta: float,
@@ -41,7 +38,7 @@ def _launch_ws_l1(
 
     latent, inter = z.shape[1], w13.shape[1] // 2
     num_tiles = num_blocks * (inter // (8 * STAGED_WARPS))
-    l1_ws_kernel[(min(num_tiles, _sm_count(z.device)),)](
+    l1_ws_kernel[(min(num_tiles, sm_count(z.device)),)](
         z, w13_scale, sorted_pairs, block_expert, act, inter, latent, latent // MXFP4_BLOCK, top_k,
         w13_scale.stride(0), float(beta), float(lin_beta), num_tiles,
         _staged_descriptor(w13.view(torch.int32), gated=True), STAGES=WS_STAGES[0], DEQUANT_WARPS=WS_DEQUANT_WARPS[0],
@@ -58,7 +55,7 @@ def _launch_ws_l2(
     latent, inter = w2.shape[1], act.shape[1]
     num_tiles = num_blocks * (latent // (16 * STAGED_WARPS))
     a_desc = activation_rows_descriptor(act[: num_blocks * STAGED_BLOCK_ROWS], STAGED_STEP_K)
-    l2_ws_kernel[(min(num_tiles, _sm_count(act.device)),)](
+    l2_ws_kernel[(min(num_tiles, sm_count(act.device)),)](
         w2_scale, sorted_pairs, block_expert, pairs, latent, inter, inter // MXFP4_BLOCK, w2_scale.stride(0),
         num_tiles, _staged_descriptor(w2.view(torch.int32), gated=False), a_desc, STAGES=WS_STAGES[1],
         DEQUANT_WARPS=WS_DEQUANT_WARPS[1], DEQUANT_REGS=WS_DEQUANT_REGS[1], num_warps=STAGED_WARPS,

@@ -10,11 +10,11 @@ persistent programs per SM stride over the rows in groups of 32 (one block's), e
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
+
+from ...common.device_capability import sm_count
 
 KAPPA_CHUNK = 128  # kappa permutes k within 128-wide chunks (lut_dequant.py: one 128-wide register-kernel step)
 ROWS_PER_GROUP = 32
@@ -28,11 +28,8 @@ PROGRAMS_PER_SM = 8
 INTERPRETER_PROGRAMS = 4  # on the CPU: enough to run the grid-stride loop more than once
 
 
-@functools.cache
 def _programs(device: torch.device) -> int:
-    if device.type != "cuda":
-        return INTERPRETER_PROGRAMS
-    return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    return PROGRAMS_PER_SM * sm_count(device) if device.type == "cuda" else INTERPRETER_PROGRAMS
 
 
 def kappa_positions(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
